@@ -1,0 +1,188 @@
+"""The DuckDB log: the one place where the schema of every table is defined.
+
+Tables (all keyed by ``run_id``; one run = one configuration replayed or served):
+
+* ``runs`` — one row per run: configuration name, trace, parameters (JSON), start time.
+* ``requests`` — one row per request: identity, placement, predicted and actual
+  reuse, the five predicted and actual TTFT terms and TTFT, TPOT, end-to-end
+  latency, directory mismatch.
+* ``candidates`` — one row per request × candidate worker: the feature row
+  (``kvcost.features.spec.FEATURE_SPEC``, same names) and the predicted terms.
+* ``worker_samples`` — each worker's queue and KV usage over time.
+
+The database is appended to, never overwritten; a file whose tables lack a
+column of this schema is refused with an error naming table and column.
+Writes are batched: one ``INSERT … SELECT`` per table and run from a pandas
+DataFrame, never row at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+
+import duckdb
+import pandas as pd
+
+from kvcost.features.spec import FEATURE_SPEC
+from kvcost.models.composition import TERMS
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column: name (unit suffix in the name), DuckDB type, description."""
+
+    name: str
+    sql_type: str
+    description: str
+
+
+def _terms(prefix: str, what: str) -> list[Column]:
+    cols = [Column(f"{prefix}_{t}_s", "DOUBLE", f"{what} {t} term, seconds") for t in TERMS]
+    return cols + [Column(f"{prefix}_ttft_s", "DOUBLE", f"{what} TTFT on the critical path, seconds")]
+
+
+RUN_ID = Column("run_id", "VARCHAR", "run identifier")
+
+SCHEMA: dict[str, tuple[Column, ...]] = {
+    "runs": (
+        RUN_ID,
+        Column("configuration", "VARCHAR", "configuration name, e.g. balanced_cache"),
+        Column("trace", "VARCHAR", "trace name or path"),
+        Column("params_json", "VARCHAR", "every parameter of the run, JSON"),
+        Column("started_at", "TIMESTAMP", "wall-clock start of the run (UTC)"),
+    ),
+    "requests": (
+        RUN_ID,
+        Column("request_id", "BIGINT", "0-based line number of the request in the trace file"),
+        Column("arrival_s", "DOUBLE", "arrival time on the replay clock, seconds"),
+        Column("worker_id", "BIGINT", "worker that served the request"),
+        Column("input_tokens", "BIGINT", "prompt tokens"),
+        Column("output_tokens", "BIGINT", "generated tokens"),
+        Column("predicted_reuse_tokens", "BIGINT", "reusable prefix the directory promised"),
+        Column("actual_reuse_tokens", "BIGINT", "prefix actually reused at admission"),
+        *_terms("pred", "predicted"),
+        *_terms("actual", "actual"),
+        Column("tpot_s", "DOUBLE", "mean time per output token after the first, seconds"),
+        Column("e2e_s", "DOUBLE", "arrival to last token at the client, seconds"),
+        Column("directory_mismatch_tokens", "BIGINT", "promised reuse that was gone at admission"),
+    ),
+    "candidates": (
+        RUN_ID,
+        Column("request_id", "BIGINT", "request, as in requests.request_id"),
+        Column("worker_id", "BIGINT", "candidate worker"),
+        Column("chosen", "BOOLEAN", "whether the router chose this candidate"),
+        *(Column(f.name, f.dtype, f"{f.description} ({f.unit})") for f in FEATURE_SPEC),
+        *_terms("pred", "predicted"),
+    ),
+    "worker_samples": (
+        RUN_ID,
+        Column("t_s", "DOUBLE", "sample time on the replay clock, seconds"),
+        Column("worker_id", "BIGINT", "worker"),
+        Column("waiting_requests", "BIGINT", "requests not done with prefill"),
+        Column("running_requests", "BIGINT", "requests in decode"),
+        Column("queued_prefill_tokens", "BIGINT", "prefill tokens left in the queue"),
+        Column("kv_usage", "DOUBLE", "KV blocks used by running requests / capacity"),
+        Column("idle_cached_blocks", "BIGINT", "cached blocks with refcount 0"),
+    ),
+}
+
+
+def schema_markdown() -> str:
+    """The schema as a Markdown list of tables and columns (for the README and reports)."""
+    lines: list[str] = []
+    for table, columns in SCHEMA.items():
+        lines.append(f"- `{table}`: " + ", ".join(f"`{c.name}` {c.sql_type}" for c in columns))
+    return "\n".join(lines)
+
+
+class LogStore:
+    """Append-only DuckDB log.
+
+    Construction is pure; :meth:`open` connects and creates missing tables.
+    Use as a context manager::
+
+        with LogStore(path).open() as store:
+            store.write_run(...)
+            store.write_frame("requests", run_id, frame)
+
+    Thread safety: one connection, one thread.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    def open(self) -> LogStore:
+        """Connect (creating the file and its folder) and create or check the tables.
+
+        Raises:
+            ValueError: an existing table lacks a column of :data:`SCHEMA`.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._con = duckdb.connect(str(self.path))
+        for table, columns in SCHEMA.items():
+            ddl = ", ".join(f"{c.name} {c.sql_type}" for c in columns)
+            self._con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({ddl})")
+            have = {row[0] for row in self._con.execute(f"DESCRIBE {table}").fetchall()}
+            missing = [c.name for c in columns if c.name not in have]
+            if missing:
+                raise ValueError(f"{self.path}: table {table} lacks column(s) {missing}, expected the kvcost schema")
+        return self
+
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The open connection (for reads). Raises RuntimeError if not open."""
+        if self._con is None:
+            raise RuntimeError("LogStore is not open; call open() first")
+        return self._con
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def __enter__(self) -> LogStore:
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def write_run(self, run_id: str, configuration: str, trace: str, params: dict, started_at: datetime) -> None:
+        """Insert one ``runs`` row; ``params`` must be JSON-serialisable."""
+        self.connection.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, ?, ?)",
+            [run_id, configuration, trace, json.dumps(params, sort_keys=True), started_at],
+        )
+
+    def write_frame(self, table: str, run_id: str, frame: pd.DataFrame) -> int:
+        """Append ``frame`` (the table's columns without ``run_id``, any order) in one batch.
+
+        Returns:
+            Rows written.
+
+        Raises:
+            KeyError: unknown table.
+            ValueError: a schema column is missing from ``frame`` or ``frame`` has extra columns.
+        """
+        if table not in SCHEMA:
+            raise KeyError(f"unknown table {table!r}; expected one of {', '.join(SCHEMA)}")
+        names = [c.name for c in SCHEMA[table] if c.name != "run_id"]
+        missing = [n for n in names if n not in frame.columns]
+        extra = [n for n in frame.columns if n not in names]
+        if missing or extra:
+            raise ValueError(f"frame for {table}: missing columns {missing}, unexpected columns {extra}")
+        batch = frame[names].copy()
+        batch.insert(0, "run_id", run_id)
+        con = self.connection
+        con.register("_kvcost_batch", batch)
+        try:
+            cols = ", ".join(["run_id", *names])
+            con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _kvcost_batch")
+        finally:
+            con.unregister("_kvcost_batch")
+        return len(batch)

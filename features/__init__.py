@@ -1,0 +1,1 @@
+"""kvcost.features"""

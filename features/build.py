@@ -1,0 +1,89 @@
+"""Build feature rows for (request, candidate worker) pairs at decision time.
+
+The same function serves routing, training and eviction, so a logged row and
+a row rebuilt later from the same state are identical (no leakage: only the
+request, the snapshots and the directory matches enter, all known before the
+decision).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvcost.features.nominal import NominalCosts, queue_and_prefill_s
+from kvcost.features.spec import FEATURE_NAMES, TIER_CODES
+from kvcost.models.hardware import StepTimeModel
+
+if TYPE_CHECKING:
+    from kvcost.serving.directory import DirectoryMatch
+    from kvcost.serving.types import RouteRequest, WorkerSnapshot
+
+
+def build_features(
+    request: RouteRequest,
+    snapshots: Sequence[WorkerSnapshot],
+    matches: Sequence[DirectoryMatch],
+    reusable_tokens: Sequence[int],
+    step_models: Mapping[str, StepTimeModel],
+    costs: NominalCosts,
+) -> np.ndarray:
+    """Feature matrix for one request over its candidates.
+
+    Args:
+        request: the request being routed.
+        snapshots: one per candidate, same order as ``matches`` and ``reusable_tokens``.
+        matches: directory match per candidate.
+        reusable_tokens: reusable prefix per candidate, tokens (see ``reusable_tokens_for``).
+        step_models: nominal step-time model per GPU type name.
+        costs: nominal lookup and first-token costs.
+
+    Returns:
+        float64 array of shape ``(n_candidates, len(FEATURE_SPEC))``, columns in
+        ``FEATURE_NAMES`` order.
+
+    Raises:
+        KeyError: a snapshot's GPU type has no step model.
+    """
+    rows = [
+        _row(request, snap, match, int(reuse), step_models[snap.gpu], costs)
+        for snap, match, reuse in zip(snapshots, matches, reusable_tokens, strict=True)
+    ]
+    return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
+
+
+def _row(request, snap, match, reuse: int, step_model: StepTimeModel, costs: NominalCosts) -> list[float]:
+    uncached = request.input_tokens - reuse
+    blocks = len(request.block_hashes)
+    queue_s, prefill_s = queue_and_prefill_s(
+        step_model,
+        snap.waiting_prefill,
+        snap.running_requests,
+        snap.decode_context_tokens,
+        snap.step_remaining_s,
+        uncached,
+        reuse,
+    )
+    age_s = match.age_s if np.isfinite(match.age_s) else -1.0
+    return [
+        request.input_tokens,
+        blocks,
+        reuse,
+        uncached,
+        TIER_CODES[match.tier] if reuse > 0 else 0,
+        age_s,
+        snap.waiting_requests,
+        snap.running_requests,
+        snap.queued_prefill_tokens,
+        snap.decode_context_tokens,
+        snap.kv_usage,
+        snap.idle_cached_blocks,
+        snap.recent_step_s,
+        snap.step_remaining_s,
+        queue_s,
+        costs.lookup_s(blocks),
+        prefill_s,
+        costs.first_token_s,
+    ]

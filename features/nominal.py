@@ -1,0 +1,88 @@
+"""Nominal term times from a GPU type's measured profile (the analytic cost model's formulas).
+
+These are what a router can know: the GPU *type* of each worker and its
+nominal step-time curve (``StepTimeModel``), the lengths and phases of the
+work queued there, and the directory's reusable prefix. Per-step jitter,
+stragglers and KV-admission waits are not known and are not modelled.
+
+Queue and prefill follow chunked prefill with continuous batching (vLLM's
+scheduler, ``vllm/v1/core/sched/scheduler.py``): every step spends one token
+per decoding request and gives the rest of the token budget to prefill chunks
+in FCFS order. With ``C = token_budget − running`` prefill tokens per step,
+``A`` tokens queued ahead and ``u`` uncached tokens of this request, the work
+``W = A + u`` takes ``ceil(W / C)`` steps; this request's first chunk runs in
+step ``floor(A / C)``. Full steps cost ``nonattention(budget) + decode
+attention + overhead``; the last step only its own token count. Prefill
+attention (FLOPs over new tokens × context, cached tokens counting as
+context) is added to the steps where it happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcost.models.hardware import StepTimeModel
+
+#: Prefix lookup + block allocation fixed cost per request (assumption, ~0.2 ms of scheduler CPU).
+DEFAULT_LOOKUP_BASE_S = 2e-4
+#: Per full block hashed and matched (assumption: SHA-256 over 512 token ids ≈ 10 µs in Python).
+DEFAULT_LOOKUP_PER_BLOCK_S = 1e-5
+#: Sampling + detokenisation + one network hop to the client (assumption: 2 ms).
+DEFAULT_FIRST_TOKEN_S = 2e-3
+
+
+@dataclass(frozen=True, slots=True)
+class NominalCosts:
+    """Fixed per-request costs the router assumes (seconds); defaults are stated assumptions."""
+
+    lookup_base_s: float = DEFAULT_LOOKUP_BASE_S
+    lookup_per_block_s: float = DEFAULT_LOOKUP_PER_BLOCK_S
+    first_token_s: float = DEFAULT_FIRST_TOKEN_S
+
+    def lookup_s(self, request_blocks: int) -> float:
+        """Lookup and preparation of a GPU-resident prefix for a request of ``request_blocks`` full blocks."""
+        return self.lookup_base_s + self.lookup_per_block_s * request_blocks
+
+
+def queue_and_prefill_s(
+    step_model: StepTimeModel,
+    waiting_prefill: tuple[tuple[int, int], ...],
+    running_requests: int,
+    decode_context_tokens: int,
+    step_remaining_s: float,
+    uncached_tokens: int,
+    reusable_tokens: int,
+) -> tuple[float, float]:
+    """Nominal (queue_s, prefill_s) of a request placed behind ``waiting_prefill`` on one worker.
+
+    Args:
+        step_model: the worker's GPU type nominal step-time model.
+        waiting_prefill: ``(remaining_tokens, context_tokens)`` per request ahead, FCFS.
+        running_requests: decoding requests (one budget token each per step).
+        decode_context_tokens: KV tokens the decode batch reads per step.
+        step_remaining_s: time left in the worker's current step.
+        uncached_tokens: this request's tokens to prefill (≥ 1).
+        reusable_tokens: this request's reused prefix (context of its first chunk).
+
+    Returns:
+        ``(queue_s, prefill_s)``: arrival → first chunk start, and first chunk
+        start → last chunk end. Both ≥ 0.
+    """
+    budget = step_model.token_budget
+    chunk_tokens = max(1, budget - running_requests)
+    fixed_s = step_model.attention_s(0.0, decode_context_tokens) + step_model.step_overhead_s
+    full_step_s = step_model.nonattention_s(budget) + fixed_s
+    ahead_tokens = sum(r for r, _ in waiting_prefill)
+    ahead_attention_s = sum(step_model.attention_s(step_model.prefill_attention_flops(r, c), 0) for r, c in waiting_prefill)
+    own_attention_s = step_model.attention_s(step_model.prefill_attention_flops(uncached_tokens, reusable_tokens), 0)
+    work_tokens = ahead_tokens + uncached_tokens
+    full_steps, tail_tokens = divmod(work_tokens, chunk_tokens)
+    start_step = ahead_tokens // chunk_tokens
+    if work_tokens <= chunk_tokens:
+        step_s = step_model.nonattention_s(work_tokens + running_requests) + fixed_s
+        return step_remaining_s, step_s + ahead_attention_s + own_attention_s
+    tail_s = step_model.nonattention_s(tail_tokens + running_requests) + fixed_s if tail_tokens else 0.0
+    total_s = full_steps * full_step_s + tail_s + ahead_attention_s + own_attention_s
+    ahead_share = start_step * chunk_tokens / ahead_tokens if ahead_tokens else 0.0
+    queue_s = start_step * full_step_s + ahead_attention_s * ahead_share
+    return step_remaining_s + queue_s, total_s - queue_s

@@ -1,0 +1,77 @@
+"""The one feature schema of kvcost (DESIGN.md §3, "One feature schema").
+
+Every feature the cost model, the router log and (later) eviction use is
+declared here once: name, dtype, unit and description. A feature row
+describes one (request, candidate worker) pair *at decision time*: nothing
+known only after the routing decision may enter.
+
+Rows are built by :mod:`kvcost.features.build` as ``float64`` arrays of shape
+``(n_candidates, len(FEATURE_SPEC))`` with columns in :data:`FEATURE_NAMES`
+order. The DuckDB ``candidates`` table stores them under the same names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Feature:
+    """One feature column.
+
+    Attributes:
+        name: column name; the unit is part of the name (``_s``, ``_tokens`` ...).
+        dtype: DuckDB/NumPy dtype name of the stored value (``DOUBLE`` or ``BIGINT``).
+        unit: physical unit (``s``, ``tokens``, ``blocks``, ``requests``, ``ratio``, ``code``).
+        description: what it measures and where it comes from (request, worker, directory).
+    """
+
+    name: str
+    dtype: str
+    unit: str
+    description: str
+
+
+#: Tier codes used by ``reusable_tier`` (DESIGN.md §2 tiers); 0 means no reusable prefix.
+TIER_CODES: dict[str, int] = {"none": 0, "gpu": 1, "cpu": 2, "disk": 3, "remote": 4}
+
+FEATURE_SPEC: tuple[Feature, ...] = (
+    # request
+    Feature("input_tokens", "BIGINT", "tokens", "request: prompt length"),
+    Feature("request_blocks", "BIGINT", "blocks", "request: full prompt blocks (cacheable)"),
+    # directory match for this candidate
+    Feature("reusable_tokens", "BIGINT", "tokens", "directory: reusable prefix on the worker"),
+    Feature("uncached_tokens", "BIGINT", "tokens", "input_tokens - reusable_tokens"),
+    Feature("reusable_tier", "BIGINT", "code", "directory: tier of the match, TIER_CODES"),
+    Feature("directory_age_s", "DOUBLE", "s", "directory: time since the worker's last event"),
+    # candidate worker snapshot
+    Feature("waiting_requests", "BIGINT", "requests", "worker: requests not finished prefill"),
+    Feature("running_requests", "BIGINT", "requests", "worker: requests in decode"),
+    Feature("queued_prefill_tokens", "BIGINT", "tokens", "worker: prefill tokens left, queued"),
+    Feature("decode_context_tokens", "BIGINT", "tokens", "worker: KV tokens read per decode step"),
+    Feature("kv_usage", "DOUBLE", "ratio", "worker: used KV blocks / capacity, in [0, 1]"),
+    Feature("idle_cached_blocks", "BIGINT", "blocks", "worker: cached blocks with refcount 0"),
+    Feature("recent_step_s", "DOUBLE", "s", "worker: duration of its last finished step"),
+    Feature("step_remaining_s", "DOUBLE", "s", "worker: time left in the running step"),
+    # nominal times from the GPU type's measured profile (features/nominal.py)
+    Feature("nominal_queue_s", "DOUBLE", "s", "profile: time until this request's first chunk"),
+    Feature("nominal_lookup_s", "DOUBLE", "s", "profile: prefix lookup and preparation"),
+    Feature("nominal_prefill_s", "DOUBLE", "s", "profile: first chunk start to last chunk end"),
+    Feature("nominal_first_token_s", "DOUBLE", "s", "profile: sampling, detokenise, network"),
+)
+
+FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in FEATURE_SPEC)
+FEATURE_INDEX: dict[str, int] = {name: i for i, name in enumerate(FEATURE_NAMES)}
+
+
+def feature_spec_hash(spec: tuple[Feature, ...] = FEATURE_SPEC) -> str:
+    """Stable hex SHA-256 (first 16 hex digits) of the spec's names, dtypes and units.
+
+    Descriptions are excluded so that rewording a description does not
+    invalidate trained models; renaming, reordering or retyping a feature does.
+    """
+    payload = [{k: v for k, v in asdict(f).items() if k != "description"} for f in spec]
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return digest[:16]

@@ -1,0 +1,58 @@
+"""Composition of the TTFT terms along the critical path (DESIGN.md §1).
+
+T_i ≈ Q_i + L_i + X_i + P_i + F_i holds only for a serial path. A KV transfer
+(X) runs while the request waits in the queue (Q), so the two overlap and the
+critical path is ``max(Q, X) + L + P + F``. With no transfer (X = 0) both
+forms agree. This module is the one place where terms are composed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Term names in DESIGN.md order; log columns are ``pred_<term>_s`` / ``actual_<term>_s``.
+TERMS: tuple[str, ...] = ("queue", "lookup", "transfer", "prefill", "first_token")
+
+
+def compose_ttft_s(queue_s, lookup_s, transfer_s, prefill_s, first_token_s, *, transfer_overlaps_queue=True):
+    """Compose TTFT from its terms on the critical path.
+
+    Args:
+        queue_s, lookup_s, transfer_s, prefill_s, first_token_s: seconds, scalars or
+            arrays of one shape ``(n_candidates,)``; all must be ≥ 0.
+        transfer_overlaps_queue: True when the transfer starts at arrival and runs
+            while the request queues (``max(Q, X)``); False for a serial path.
+
+    Returns:
+        TTFT in seconds, same shape as the inputs (float for scalar inputs).
+    """
+    if transfer_overlaps_queue:
+        head = np.maximum(queue_s, transfer_s)
+    else:
+        head = np.add(queue_s, transfer_s)
+    total = head + lookup_s + prefill_s + first_token_s
+    return float(total) if np.ndim(total) == 0 else total
+
+
+@dataclass(frozen=True, slots=True)
+class TermPredictions:
+    """Predicted terms for a set of candidates, each ``float64`` of shape ``(n_candidates,)``, in seconds."""
+
+    queue_s: np.ndarray
+    lookup_s: np.ndarray
+    transfer_s: np.ndarray
+    prefill_s: np.ndarray
+    first_token_s: np.ndarray
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        """Composed TTFT on the critical path, shape ``(n_candidates,)``, seconds."""
+        return compose_ttft_s(self.queue_s, self.lookup_s, self.transfer_s, self.prefill_s, self.first_token_s)
+
+    def as_matrix(self) -> np.ndarray:
+        """Shape ``(n_candidates, 6)``: the five terms in :data:`TERMS` order then TTFT."""
+        return np.column_stack(
+            [self.queue_s, self.lookup_s, self.transfer_s, self.prefill_s, self.first_token_s, self.ttft_s]
+        )

@@ -1,0 +1,123 @@
+"""Cluster configuration of a replay, and parsing of its CLI forms (``--fleet``, ``--slowdown``)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from kvcost.models.hardware import GPUS, MODELS
+from kvcost.serving.router import RouterSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Slowdown:
+    """Worker ``worker_id`` runs ``factor`` × slower from simulated time ``from_s`` on (a straggler)."""
+
+    worker_id: int
+    factor: float
+    from_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Everything that defines one simulated cluster run.
+
+    Attributes:
+        model: model name (``kvcost.models.hardware.MODELS``).
+        fleet: GPU type per worker, e.g. ``("a100", "a100", "h100", "h100")``.
+        token_budget: tokens per continuous-batching step (vLLM ``max_num_batched_tokens``; default 8192).
+        cache_enabled: prefix cache on or off.
+        kv_capacity_blocks: KV blocks per worker; None derives it from GPU memory, weights
+            and reserve (``StepTimeModel.kv_capacity_blocks``).
+        directory_lag_s: delay before a worker's KV events reach the router's directory (≥ 0).
+        jitter_sigma: σ of the seeded log-normal per-step jitter (ground truth only).
+        slowdowns: stragglers (ground truth only).
+        seed: seed of every random stream of the run.
+        sample_interval_s: period of the ``worker_samples`` log.
+        warmup_s: requests arriving before this are simulated (they warm the cache) but not measured.
+        router: the router's settings (policy, limits).
+    """
+
+    model: str = "llama-3-8b"
+    fleet: tuple[str, ...] = ("a100",) * 4
+    token_budget: int = 8192
+    cache_enabled: bool = True
+    kv_capacity_blocks: int | None = None
+    directory_lag_s: float = 0.0
+    jitter_sigma: float = 0.05
+    slowdowns: tuple[Slowdown, ...] = ()
+    seed: int = 0
+    sample_interval_s: float = 1.0
+    warmup_s: float = 0.0
+    router: RouterSettings = field(default_factory=RouterSettings)
+
+    def __post_init__(self) -> None:
+        MODELS.get(self.model)
+        if not self.fleet:
+            raise ValueError("fleet is empty, expected at least one worker")
+        for gpu in self.fleet:
+            GPUS.get(gpu)
+        _check(self.token_budget >= 1, "token_budget", self.token_budget, "an integer ≥ 1")
+        if self.kv_capacity_blocks is not None:
+            _check(self.kv_capacity_blocks >= 1, "kv_capacity_blocks", self.kv_capacity_blocks, "an integer ≥ 1")
+        _check(self.directory_lag_s >= 0, "directory_lag_s", self.directory_lag_s, "a number ≥ 0")
+        _check(self.jitter_sigma >= 0, "jitter_sigma", self.jitter_sigma, "a number ≥ 0")
+        _check(self.sample_interval_s > 0, "sample_interval_s", self.sample_interval_s, "a number > 0")
+        _check(self.warmup_s >= 0, "warmup_s", self.warmup_s, "a number ≥ 0")
+        for slow in self.slowdowns:
+            _check(0 <= slow.worker_id < len(self.fleet), "slowdown worker", slow.worker_id,
+                   f"a worker index in [0, {len(self.fleet) - 1}]")
+            _check(slow.factor > 0 and math.isfinite(slow.factor), "slowdown factor", slow.factor, "a number > 0")
+
+    @property
+    def workers(self) -> int:
+        """Number of workers."""
+        return len(self.fleet)
+
+
+def _check(ok: bool, field_name: str, value: object, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{field_name} = {value!r}, expected {expected}")
+
+
+def parse_fleet(spec: str | None, workers: int) -> tuple[str, ...]:
+    """Parse ``--fleet`` (``"a100:2,h100:2"``); None means ``workers`` × ``a100``.
+
+    Raises:
+        ValueError: malformed item, unknown GPU, count < 1, or a total different from ``workers``
+            (when ``workers`` is given and the spec is not None).
+    """
+    if spec is None:
+        return ("a100",) * workers
+    fleet: list[str] = []
+    for item in spec.split(","):
+        match = re.fullmatch(r"\s*([a-z0-9_-]+)\s*(?::\s*(\d+))?\s*", item)
+        if not match:
+            raise ValueError(f"fleet item {item!r}, expected GPU[:COUNT] such as 'a100:2'")
+        gpu, count = match.group(1), int(match.group(2) or 1)
+        if gpu not in GPUS:
+            raise ValueError(f"fleet GPU {gpu!r}, expected one of {', '.join(GPUS.names())}")
+        _check(count >= 1, "fleet count", count, "an integer ≥ 1")
+        fleet.extend([gpu] * count)
+    if workers and len(fleet) != workers:
+        raise ValueError(f"fleet {spec!r} has {len(fleet)} workers, expected --workers {workers}")
+    return tuple(fleet)
+
+
+def parse_slowdown(spec: str) -> Slowdown:
+    """Parse ``--slowdown WORKER:FACTOR[@T_S]`` (e.g. ``"1:2.5@600"``).
+
+    Raises:
+        ValueError: the spec does not match, naming the value and the expected form.
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*([0-9.eE+-]+)\s*(?:@\s*([0-9.eE+-]+))?\s*", spec)
+    if not match:
+        raise ValueError(f"slowdown {spec!r}, expected WORKER:FACTOR[@T_S] such as '1:2.0@600'")
+    try:
+        factor = float(match.group(2))
+        from_s = float(match.group(3)) if match.group(3) else 0.0
+    except ValueError:
+        raise ValueError(f"slowdown {spec!r}, expected numbers in WORKER:FACTOR[@T_S]") from None
+    _check(from_s >= 0, "slowdown start", from_s, "a time ≥ 0 s")
+    return Slowdown(int(match.group(1)), factor, from_s)

@@ -1,0 +1,171 @@
+"""Per-worker GPU KV block pool with a prefix cache (the simulator's ground truth).
+
+Mechanism follows vLLM v1 (``vllm/v1/core/block_pool.py`` and
+``kv_cache_manager.py``):
+
+* memory is a fixed number of blocks of ``block_size_tokens`` tokens;
+* only *full* prompt blocks are hashed and cached; matching walks the
+  request's chained block hashes from the start and stops at the first miss;
+* a cached block has a reference count; only idle blocks (refcount 0) may be
+  evicted, least recently freed first; blocks of running requests never are;
+* when a request finishes its blocks are freed in *reverse* order, so the tail
+  of a prefix is evicted before its head (vLLM frees ``reversed(blocks)``).
+
+Admission reserves blocks for the whole sequence (prompt + output) at once,
+so the simulator never preempts; a request that does not fit waits (FCFS
+head-of-line), which is how "active requests need the space" shows up.
+
+Events (stored / removed block hashes) are returned to the caller, which
+delivers them to the cache directory, possibly late.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Allocation:
+    """Blocks held by one admitted request.
+
+    Attributes:
+        cached_hashes: hashes of the prompt blocks the request holds a reference on,
+            in prompt order (the reused prefix, then blocks registered after prefill).
+        private_blocks: blocks not in the prefix cache (not-yet-registered prompt
+            blocks, the partial last block, output tokens).
+        reused_blocks: leading blocks found in the cache at admission.
+    """
+
+    cached_hashes: list[int] = field(default_factory=list)
+    private_blocks: int = 0
+    reused_blocks: int = 0
+
+
+class BlockPool:
+    """Fixed-capacity block pool with LRU eviction of idle cached blocks.
+
+    Args:
+        capacity_blocks: total KV blocks on the GPU (≥ 1).
+        cache_enabled: False disables prefix reuse entirely (``--cache off``):
+            nothing is matched, nothing is retained after a request ends.
+
+    Thread safety: single-threaded (one simulated worker).
+    """
+
+    def __init__(self, capacity_blocks: int, cache_enabled: bool = True) -> None:
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks = {capacity_blocks}, expected an integer ≥ 1")
+        self.capacity_blocks = capacity_blocks
+        self.cache_enabled = cache_enabled
+        self._refcount: dict[int, int] = {}
+        self._idle: OrderedDict[int, None] = OrderedDict()  # LRU order: first is evicted first
+        self._private_blocks = 0
+
+    # -- queries -----------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by running requests (cached with refcount > 0, plus private)."""
+        return len(self._refcount) - len(self._idle) + self._private_blocks
+
+    @property
+    def idle_blocks(self) -> int:
+        """Cached blocks with refcount 0 (evictable)."""
+        return len(self._idle)
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks neither used nor cached."""
+        return self.capacity_blocks - len(self._refcount) - self._private_blocks
+
+    def usage(self) -> float:
+        """Fraction of blocks used by running requests, in [0, 1] (vLLM's ``kv_cache_usage_perc``)."""
+        return self.used_blocks / self.capacity_blocks
+
+    def match_blocks(self, block_hashes: Sequence[int]) -> int:
+        """Number of leading ``block_hashes`` present in the cache (active or idle)."""
+        if not self.cache_enabled:
+            return 0
+        n = 0
+        for block_hash in block_hashes:
+            if block_hash not in self._refcount:
+                break
+            n += 1
+        return n
+
+    def eviction_order(self) -> list[int]:
+        """Idle block hashes in the order they would be evicted (first = next)."""
+        return list(self._idle)
+
+    # -- mechanism ---------------------------------------------------------------
+    def try_allocate(self, full_block_hashes: Sequence[int], total_blocks: int) -> tuple[Allocation | None, list[int]]:
+        """Admit a request: reuse its cached prefix and reserve the rest.
+
+        Args:
+            full_block_hashes: hashes of the prompt's full blocks, in order.
+            total_blocks: blocks the whole sequence needs (prompt + output), ≥ len(full_block_hashes).
+
+        Returns:
+            ``(allocation, evicted_hashes)``; ``allocation`` is None (and nothing
+            changes) when even evicting every idle block would not make room.
+        """
+        reused = self.match_blocks(full_block_hashes)
+        reused_hashes = full_block_hashes[:reused]
+        reused_idle = sum(1 for h in reused_hashes if h in self._idle)
+        needed = total_blocks - reused
+        if self.free_blocks + len(self._idle) - reused_idle < needed:
+            return None, []
+        for block_hash in reused_hashes:
+            self._ref(block_hash)
+        evicted = self._evict(needed - self.free_blocks)
+        self._private_blocks += needed
+        return Allocation(list(reused_hashes), needed, reused), evicted
+
+    def register_prefill(self, allocation: Allocation, full_block_hashes: Sequence[int]) -> list[int]:
+        """After prefill, move the request's computed full prompt blocks into the prefix cache.
+
+        A hash that another request registered meanwhile is shared (this
+        request's private copy is released), as vLLM does for duplicate blocks.
+
+        Returns:
+            Hashes newly stored in the cache (for a ``BlockStored`` event), in order.
+        """
+        if not self.cache_enabled:
+            return []
+        stored: list[int] = []
+        for block_hash in full_block_hashes[allocation.reused_blocks :]:
+            if block_hash in self._refcount:
+                self._ref(block_hash)
+            else:
+                self._refcount[block_hash] = 1
+                stored.append(block_hash)
+            allocation.cached_hashes.append(block_hash)
+            allocation.private_blocks -= 1
+            self._private_blocks -= 1
+        return stored
+
+    def free(self, allocation: Allocation) -> None:
+        """Release a finished request: private blocks are freed, cached ones become idle tail-first."""
+        self._private_blocks -= allocation.private_blocks
+        allocation.private_blocks = 0
+        for block_hash in reversed(allocation.cached_hashes):
+            count = self._refcount[block_hash] - 1
+            self._refcount[block_hash] = count
+            if count == 0:
+                self._idle[block_hash] = None
+        allocation.cached_hashes = []
+
+    def _ref(self, block_hash: int) -> None:
+        count = self._refcount[block_hash]
+        if count == 0:
+            del self._idle[block_hash]
+        self._refcount[block_hash] = count + 1
+
+    def _evict(self, n_blocks: int) -> list[int]:
+        evicted: list[int] = []
+        for _ in range(max(0, n_blocks)):
+            block_hash, _ = self._idle.popitem(last=False)
+            del self._refcount[block_hash]
+            evicted.append(block_hash)
+        return evicted

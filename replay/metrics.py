@@ -1,0 +1,59 @@
+"""Summary figures of one replay (the per-configuration block of ``summary.json``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvcost.replay.simulator import ReplayResult
+
+#: Keys of one configuration's summary, in report order.
+SUMMARY_KEYS: tuple[str, ...] = (
+    "completed",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "hit_ratio",
+    "reused_tokens_mean",
+    "queue_p99_s",
+    "max_worker_share",
+    "directory_mismatch_tokens",
+    "utilisation",
+)
+
+
+def _quantile(values: np.ndarray, q: float) -> float:
+    values = values[~np.isnan(values)]
+    return float(np.quantile(values, q)) if values.size else float("nan")
+
+
+def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
+    """Figures of one configuration.
+
+    ``hit_ratio`` is token-weighted: actually reused tokens / input tokens.
+    ``max_worker_share`` is the largest fraction of requests any one worker
+    served. ``utilisation`` is the mean over workers of the fraction of the
+    measured span during which the worker had a request waiting for its first
+    token (queued or in prefill): the busy fraction of the prefill server, 1
+    when its queue never empties. Times in seconds.
+    """
+    r = result.requests
+    if r.empty:
+        return {key: 0 if key in ("completed", "directory_mismatch_tokens") else float("nan") for key in SUMMARY_KEYS}
+    ttft = r["actual_ttft_s"].to_numpy()
+    counts = np.bincount(r["worker_id"].to_numpy(), minlength=n_workers)
+    return {
+        "completed": int(len(r)),
+        "ttft_mean_s": float(ttft.mean()),
+        "ttft_p50_s": _quantile(ttft, 0.50),
+        "ttft_p90_s": _quantile(ttft, 0.90),
+        "ttft_p99_s": _quantile(ttft, 0.99),
+        "tpot_p50_s": _quantile(r["tpot_s"].to_numpy(dtype=float), 0.50),
+        "hit_ratio": float(r["actual_reuse_tokens"].sum() / r["input_tokens"].sum()),
+        "reused_tokens_mean": float(r["actual_reuse_tokens"].mean()),
+        "queue_p99_s": _quantile(r["actual_queue_s"].to_numpy(), 0.99),
+        "max_worker_share": float(counts.max() / counts.sum()),
+        "directory_mismatch_tokens": int(r["directory_mismatch_tokens"].sum()),
+        "utilisation": float(np.mean(result.utilisation)),
+    }

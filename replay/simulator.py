@@ -1,0 +1,249 @@
+"""Trace-replay cluster simulator: a deterministic discrete-event loop over simulated workers.
+
+The loop embeds the production :class:`~kvcost.serving.router.Router` and
+:class:`~kvcost.serving.directory.CacheDirectory` (DESIGN.md §3: no second
+copy of routing logic). Time is the simulation clock, advanced only by
+events: trace arrivals, worker step ends and periodic load samples. Same
+trace, configuration and seed → identical results.
+
+KV events from the workers reach the directory ``directory_lag_s`` late; the
+router therefore sees a possibly stale directory, and a promised reuse that is
+gone at admission is recorded as ``directory_mismatch_tokens``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvcost.data.traces import Trace
+from kvcost.features.spec import FEATURE_NAMES
+from kvcost.models.composition import TERMS
+from kvcost.models.hardware import StepTimeModel
+from kvcost.replay.config import ClusterConfig
+from kvcost.replay.kv_cache import BlockPool
+from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
+from kvcost.serving.directory import CacheDirectory, Namespace
+from kvcost.serving.router import Router
+from kvcost.serving.types import RouteDecision, RouteRequest
+
+PRED_COLUMNS: tuple[str, ...] = tuple(f"pred_{t}_s" for t in TERMS) + ("pred_ttft_s",)
+ACTUAL_COLUMNS: tuple[str, ...] = tuple(f"actual_{t}_s" for t in TERMS) + ("actual_ttft_s",)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Everything one replay produced.
+
+    Attributes:
+        requests: one row per measured request (warm-up excluded), columns of the
+            DuckDB ``requests`` table minus ``run_id``.
+        candidates: one row per measured request × candidate worker (features and
+            predicted terms), columns of ``candidates`` minus ``run_id``.
+        worker_samples: worker load every ``sample_interval_s``.
+        utilisation: per worker, fraction of the measured span spent in steps
+            that carry prefill tokens, shape ``(n_workers,)``.
+        makespan_s: first measured arrival → last completion.
+    """
+
+    requests: pd.DataFrame
+    candidates: pd.DataFrame
+    worker_samples: pd.DataFrame
+    utilisation: np.ndarray
+    makespan_s: float
+
+
+class ClusterSimulator:
+    """Replays a trace through ``config.workers`` simulated workers and the embedded router.
+
+    Construction builds the (empty) cluster; :meth:`run` replays. One
+    simulator instance runs one replay.
+    """
+
+    def __init__(self, config: ClusterConfig, block_size_tokens: int) -> None:
+        self.config = config
+        self.block_size_tokens = block_size_tokens
+        self.namespace = Namespace(config.model, block_size_tokens=block_size_tokens)
+        self.step_models = {
+            gpu: StepTimeModel.for_hardware(config.model, gpu, token_budget=config.token_budget)
+            for gpu in sorted(set(config.fleet))
+        }
+        self.directory = CacheDirectory()
+        self.router = Router(self.directory, self.step_models, config.router)
+        self.workers = [self._make_worker(i, gpu) for i, gpu in enumerate(config.fleet)]
+        self._pending_events: deque[tuple[float, int, str, list[int], int | None]] = deque()
+
+    def _make_worker(self, worker_id: int, gpu: str) -> SimWorker:
+        step_model = self.step_models[gpu]
+        slow = [s for s in self.config.slowdowns if s.worker_id == worker_id]
+        truth = WorkerTruth(
+            jitter_sigma=self.config.jitter_sigma,
+            slowdown_factor=slow[-1].factor if slow else 1.0,
+            slowdown_from_s=slow[-1].from_s if slow else math.inf,
+        )
+        capacity_blocks = self.config.kv_capacity_blocks or step_model.kv_capacity_blocks(self.block_size_tokens)
+        pool = BlockPool(capacity_blocks, self.config.cache_enabled)
+        return SimWorker(worker_id, gpu, step_model, pool, self.block_size_tokens, truth, self.config.seed)
+
+    # -- the event loop ------------------------------------------------------------
+    def run(self, trace: Trace, progress: Callable[[int], None] | None = None) -> ReplayResult:
+        """Replay ``trace``; ``progress(n)`` is called with the number of newly completed requests."""
+        if trace.block_size_tokens != self.block_size_tokens:
+            raise ValueError(
+                f"trace block_size_tokens = {trace.block_size_tokens}, expected {self.block_size_tokens}"
+            )
+        log = _Log(self.config, len(self.workers))
+        steps: list[tuple[float, int, int]] = []
+        requests = trace.requests
+        next_arrival, next_sample = 0, 0.0
+        while next_arrival < len(requests) or steps:
+            t_arrival = requests[next_arrival].arrival_s if next_arrival < len(requests) else math.inf
+            t_step = steps[0][0] if steps else math.inf
+            if next_sample <= t_arrival and next_sample <= t_step:
+                log.sample(next_sample, self.workers)
+                next_sample += self.config.sample_interval_s
+            elif t_step <= t_arrival:
+                now, _, worker_id = heapq.heappop(steps)
+                worker = self.workers[worker_id]
+                done = worker.finish_step(now)
+                log.complete(done)
+                if progress is not None and done:
+                    progress(len(done))
+                self._start(worker, now, steps)
+            else:
+                self._arrive(requests[next_arrival], t_arrival, steps, log)
+                next_arrival += 1
+        return log.result(self.workers)
+
+    def _arrive(self, trace_request, now: float, steps: list, log: _Log) -> None:
+        n_full = trace_request.input_tokens // self.block_size_tokens
+        full_hashes = trace_request.block_hashes[:n_full]
+        self._deliver_events(now)
+        request = RouteRequest(trace_request.request_id, now, trace_request.input_tokens, full_hashes, self.namespace)
+        snapshots = [w.snapshot(now) for w in self.workers]
+        decision = self.router.route(request, snapshots, now)
+        predicted_reuse = int(decision.reusable_tokens[decision.chosen_index]) if self.config.cache_enabled else 0
+        sim_request = SimRequest(
+            trace_request.request_id,
+            now,
+            trace_request.input_tokens,
+            trace_request.output_tokens,
+            full_hashes,
+            predicted_reuse,
+        )
+        log.route(sim_request, decision)
+        worker = self.workers[decision.worker_id]
+        worker.enqueue(sim_request)
+        if worker.step_end_s is None:
+            self._start(worker, now, steps)
+
+    def _start(self, worker: SimWorker, now: float, steps: list) -> None:
+        end = worker.start_step(now)
+        if end is not None:
+            heapq.heappush(steps, (end, worker.worker_id, worker.worker_id))
+        if worker.events:
+            lag = self.config.directory_lag_s
+            for t, kind, hashes, parent in worker.events:
+                self._pending_events.append((t + lag, worker.worker_id, kind, hashes, parent))
+            worker.events.clear()
+
+    def _deliver_events(self, now: float) -> None:
+        pending = self._pending_events
+        while pending and pending[0][0] <= now:
+            t, worker_id, kind, hashes, parent = pending.popleft()
+            if kind == "stored":
+                self.directory.apply_stored(self.namespace, worker_id, hashes, parent, "gpu", t)
+            else:
+                self.directory.apply_removed(self.namespace, worker_id, hashes, t)
+
+
+class _Log:
+    """Column buffers for the replay's tables (batched: one DataFrame per table at the end)."""
+
+    def __init__(self, config: ClusterConfig, n_workers: int) -> None:
+        self.warmup_s = config.warmup_s
+        self.cache_enabled = config.cache_enabled
+        self.n_workers = n_workers
+        self.decisions: dict[int, tuple[int, np.ndarray]] = {}
+        self.rows: list[tuple] = []
+        self.candidate_blocks: list[np.ndarray] = []
+        self.candidate_ids: list[tuple[int, tuple[int, ...], int]] = []
+        self.samples: list[tuple] = []
+        self.first_arrival_s = math.inf
+        self.last_finish_s = 0.0
+
+    def route(self, request: SimRequest, decision: RouteDecision) -> None:
+        if request.arrival_s < self.warmup_s:
+            return
+        self.first_arrival_s = min(self.first_arrival_s, request.arrival_s)
+        preds = decision.predictions.as_matrix()
+        self.decisions[request.request_id] = (decision.worker_id, preds[decision.chosen_index])
+        self.candidate_blocks.append(np.hstack([decision.features, preds]))
+        self.candidate_ids.append((request.request_id, decision.worker_ids, decision.chosen_index))
+
+    def complete(self, done: list[SimRequest]) -> None:
+        for r in done:
+            if r.request_id not in self.decisions:
+                continue
+            worker_id, pred = self.decisions.pop(r.request_id)
+            self.last_finish_s = max(self.last_finish_s, r.finish_s)
+            queue_s = r.admitted_s - r.arrival_s
+            prefill_s = r.prefill_end_s - (r.admitted_s + r.lookup_s)
+            ttft_s = r.first_token_s - r.arrival_s
+            tpot_s = (r.finish_s - r.prefill_end_s) / (r.output_tokens - 1) if r.output_tokens > 1 else math.nan
+            e2e_s = r.finish_s + r.first_token_overhead_s - r.arrival_s
+            mismatch = max(0, r.predicted_reuse_tokens - r.reused_tokens)
+            self.rows.append(
+                (r.request_id, r.arrival_s, worker_id, r.input_tokens, r.output_tokens,
+                 r.predicted_reuse_tokens, r.reused_tokens, *pred.tolist(),
+                 queue_s, r.lookup_s, 0.0, prefill_s, r.first_token_overhead_s, ttft_s,
+                 tpot_s, e2e_s, mismatch)
+            )
+
+    def sample(self, now: float, workers: list[SimWorker]) -> None:
+        for w in workers:
+            self.samples.append(
+                (now, w.worker_id, len(w.waiting) + len(w.prefilling), w.running_requests,
+                 w.queued_prefill_tokens, w.pool.usage(), w.pool.idle_blocks)
+            )
+
+    def result(self, workers: list[SimWorker]) -> ReplayResult:
+        columns = [
+            "request_id", "arrival_s", "worker_id", "input_tokens", "output_tokens",
+            "predicted_reuse_tokens", "actual_reuse_tokens", *PRED_COLUMNS, *ACTUAL_COLUMNS,
+            "tpot_s", "e2e_s", "directory_mismatch_tokens",
+        ]
+        requests = pd.DataFrame(self.rows, columns=columns).sort_values("request_id", ignore_index=True)
+        makespan_s = max(0.0, self.last_finish_s - self.first_arrival_s) if self.rows else 0.0
+        busy = np.array([w.prefill_busy_s for w in workers])
+        return ReplayResult(
+            requests=requests,
+            candidates=self._candidates(),
+            worker_samples=pd.DataFrame(
+                self.samples,
+                columns=["t_s", "worker_id", "waiting_requests", "running_requests",
+                         "queued_prefill_tokens", "kv_usage", "idle_cached_blocks"],
+            ),
+            utilisation=busy / makespan_s if makespan_s > 0 else np.zeros(len(workers)),
+            makespan_s=makespan_s,
+        )
+
+    def _candidates(self) -> pd.DataFrame:
+        names = [*FEATURE_NAMES, *PRED_COLUMNS]
+        if not self.candidate_blocks:
+            return pd.DataFrame(columns=["request_id", "worker_id", "chosen", *names])
+        values = np.vstack(self.candidate_blocks)
+        request_ids = np.concatenate([np.full(len(w), rid) for rid, w, _ in self.candidate_ids])
+        worker_ids = np.concatenate([np.asarray(w) for _, w, _ in self.candidate_ids])
+        chosen = np.concatenate([np.arange(len(w)) == i for _, w, i in self.candidate_ids])
+        frame = pd.DataFrame(values, columns=names)
+        frame.insert(0, "chosen", chosen)
+        frame.insert(0, "worker_id", worker_ids)
+        frame.insert(0, "request_id", request_ids)
+        return frame

@@ -1,0 +1,279 @@
+"""A simulated GPU worker: continuous batching with chunked prefill over a prefix-cached block pool.
+
+Ground truth of the replay. Each step has a token budget shared by one decode
+token per running request and FCFS prefill chunks of waiting requests (vLLM
+v1 scheduler). Step time = the GPU type's nominal step time (measured Vidur
+operator profile + attention FLOPs + overhead, :class:`StepTimeModel`) ×
+seeded log-normal jitter × the worker's straggler slowdown, + the lookup time
+of the requests admitted in that step. The router knows none of the jitter,
+the slowdown, or KV-admission waits.
+
+Per-request actual terms (seconds), exact by construction:
+
+* Q = admission (first prefill chunk's step start) − arrival at the worker;
+* L = the request's prefix lookup / preparation;
+* X = 0 (no transfers yet);
+* P = end of the step holding its last prefill chunk − (admission + L);
+* F = first-token work after that step (sampling, detokenise, network);
+
+so TTFT = first token − arrival = Q + L + X + P + F.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvcost.features.nominal import DEFAULT_FIRST_TOKEN_S, NominalCosts
+from kvcost.models.hardware import StepTimeModel
+from kvcost.replay.kv_cache import Allocation, BlockPool
+from kvcost.serving.directory import reusable_tokens_for
+from kvcost.serving.types import WorkerSnapshot
+
+_JITTER_BATCH = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTruth:
+    """Ground-truth effects of one worker that the router does not model.
+
+    Attributes:
+        jitter_sigma: σ of the log-normal multiplicative per-step jitter (default 0.05,
+            an assumption of ~5 % step-to-step variation), ≥ 0.
+        slowdown_factor: step-time multiplier once straggling (≥ 1 slows down).
+        slowdown_from_s: simulated time from which the slowdown applies.
+        costs: actual lookup and first-token costs (default equal to the nominal ones).
+    """
+
+    jitter_sigma: float = 0.05
+    slowdown_factor: float = 1.0
+    slowdown_from_s: float = math.inf
+    costs: NominalCosts = field(default_factory=NominalCosts)
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    """A request's life on a worker; times in seconds on the simulation clock."""
+
+    request_id: int
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    full_block_hashes: tuple[int, ...]
+    predicted_reuse_tokens: int
+    # filled in by the worker
+    admitted_s: float = math.nan
+    lookup_s: float = 0.0
+    reused_tokens: int = 0
+    computed_tokens: int = 0
+    prefill_end_s: float = math.nan
+    first_token_overhead_s: float = DEFAULT_FIRST_TOKEN_S
+    decode_start_step: int = 0
+    decode_context_start: int = 0
+    finish_s: float = math.nan
+    allocation: Allocation | None = None
+
+    @property
+    def queued_tokens(self) -> int:
+        """Prefill tokens still to compute (the predicted reuse counts before admission)."""
+        if self.allocation is None:
+            return self.input_tokens - self.predicted_reuse_tokens
+        return self.input_tokens - self.computed_tokens
+
+    @property
+    def first_token_s(self) -> float:
+        """Time the first token reaches the client."""
+        return self.prefill_end_s + self.first_token_overhead_s
+
+
+class SimWorker:
+    """One simulated worker.
+
+    Args:
+        worker_id: index in the cluster.
+        gpu: GPU type name (the router sees this and its nominal profile).
+        step_model: the nominal step-time model of that GPU type and model.
+        pool: the worker's KV block pool.
+        block_size_tokens: tokens per KV block.
+        truth: ground-truth effects (jitter, slowdown, actual fixed costs).
+        seed: seed of this worker's jitter stream.
+
+    ``start_step(now_s)`` begins a step and returns its end time (or None when
+    idle); ``finish_step(now_s)`` applies it and returns the requests that
+    finished. Events for the directory accumulate as ``(time_s, "stored" | "removed", hashes, parent_hash)`` in ``events`` until
+    the caller drains them.
+    """
+
+    def __init__(
+        self,
+        worker_id: int,
+        gpu: str,
+        step_model: StepTimeModel,
+        pool: BlockPool,
+        block_size_tokens: int,
+        truth: WorkerTruth,
+        seed: int,
+    ) -> None:
+        self.worker_id = worker_id
+        self.gpu = gpu
+        self.step_model = step_model
+        self.pool = pool
+        self.block_size_tokens = block_size_tokens
+        self.truth = truth
+        self._rng = np.random.default_rng([seed, worker_id])
+        self._jitter: list[float] = []
+        self.waiting: deque[SimRequest] = deque()
+        self.prefilling: list[SimRequest] = []
+        self._decoding: list[tuple[int, int, SimRequest]] = []
+        self.decode_steps = 0
+        self.decode_context_tokens = 0
+        self.queued_prefill_tokens = 0
+        self.step_end_s: float | None = None
+        self.last_step_s = 0.0
+        self.prefill_busy_s = 0.0
+        self._chunks: list[tuple[SimRequest, int]] = []
+        self.events: list[tuple[float, str, list[int], int | None]] = []
+
+    # -- observation -----------------------------------------------------------
+    @property
+    def running_requests(self) -> int:
+        """Requests in decode."""
+        return len(self._decoding)
+
+    def snapshot(self, now_s: float) -> WorkerSnapshot:
+        """Load as the router sees it at ``now_s``."""
+        waiting = tuple((r.queued_tokens, r.computed_tokens) for r in self.prefilling)
+        waiting += tuple((r.queued_tokens, r.predicted_reuse_tokens) for r in self.waiting)
+        return WorkerSnapshot(
+            worker_id=self.worker_id,
+            gpu=self.gpu,
+            waiting_prefill=waiting,
+            running_requests=len(self._decoding),
+            decode_context_tokens=self.decode_context_tokens,
+            kv_usage=self.pool.usage(),
+            idle_cached_blocks=self.pool.idle_blocks,
+            recent_step_s=self.last_step_s,
+            step_remaining_s=max(0.0, self.step_end_s - now_s) if self.step_end_s is not None else 0.0,
+        )
+
+    # -- requests --------------------------------------------------------------
+    def enqueue(self, request: SimRequest) -> None:
+        """Add a routed request to the FCFS waiting queue."""
+        self.waiting.append(request)
+        self.queued_prefill_tokens += request.queued_tokens
+
+    # -- steps -----------------------------------------------------------------
+    def start_step(self, now_s: float) -> float | None:
+        """Form a batch at ``now_s``; returns the step's end time, or None if there is no work."""
+        n_decode = len(self._decoding)
+        budget = self.step_model.token_budget - n_decode
+        chunks: list[tuple[SimRequest, int]] = []
+        flops = 0.0
+        for request in self.prefilling:
+            if budget <= 0:
+                break
+            n = min(request.input_tokens - request.computed_tokens, budget)
+            flops += self.step_model.prefill_attention_flops(n, request.computed_tokens)
+            chunks.append((request, n))
+            budget -= n
+        lookup_s = 0.0
+        while self.waiting and budget > 0 and self._admit(self.waiting[0], now_s):
+            request = self.waiting.popleft()
+            self.prefilling.append(request)
+            lookup_s = max(lookup_s, request.lookup_s)
+            n = min(request.input_tokens - request.computed_tokens, budget)
+            flops += self.step_model.prefill_attention_flops(n, request.computed_tokens)
+            chunks.append((request, n))
+            budget -= n
+        if not chunks and not n_decode:
+            self.step_end_s = None
+            return None
+        num_tokens = self.step_model.token_budget - budget
+        step_s = self.step_model.step_s(num_tokens, flops, self.decode_context_tokens)
+        step_s = step_s * self._next_jitter() * self._slowdown(now_s) + lookup_s
+        if chunks or self.waiting:
+            self.prefill_busy_s += step_s
+        self._chunks = chunks
+        self.last_step_s = step_s
+        self.step_end_s = now_s + step_s
+        return self.step_end_s
+
+    def finish_step(self, now_s: float) -> list[SimRequest]:
+        """Apply the step that ends at ``now_s``; returns requests that completed (last token out)."""
+        done = self._advance_decode(now_s)
+        for request, n in self._chunks:
+            request.computed_tokens += n
+            self.queued_prefill_tokens -= n
+            if request.computed_tokens == request.input_tokens:
+                self._finish_prefill(request, now_s, done)
+        self._chunks = []
+        self.step_end_s = None
+        return done
+
+    # -- internals -------------------------------------------------------------
+    def _admit(self, request: SimRequest, now_s: float) -> bool:
+        n_full = request.input_tokens // self.block_size_tokens
+        total_blocks = -(-(request.input_tokens + request.output_tokens) // self.block_size_tokens)
+        allocation, evicted = self.pool.try_allocate(request.full_block_hashes[:n_full], total_blocks)
+        if allocation is None:
+            return False
+        if evicted:
+            self.events.append((now_s, "removed", evicted, None))
+        before = request.queued_tokens
+        request.allocation = allocation
+        request.reused_tokens = reusable_tokens_for(allocation.reused_blocks, self.block_size_tokens, request.input_tokens)
+        request.computed_tokens = request.reused_tokens
+        self.queued_prefill_tokens += request.queued_tokens - before
+        request.admitted_s = now_s
+        request.lookup_s = self.truth.costs.lookup_s(n_full)
+        request.first_token_overhead_s = self.truth.costs.first_token_s
+        return True
+
+    def _finish_prefill(self, request: SimRequest, now_s: float, done: list[SimRequest]) -> None:
+        self.prefilling.remove(request)
+        request.prefill_end_s = now_s
+        n_full = request.input_tokens // self.block_size_tokens
+        chain = request.full_block_hashes[:n_full]
+        if self.pool.register_prefill(request.allocation, chain):
+            reused = request.allocation.reused_blocks
+            parent = chain[reused - 1] if reused else None
+            self.events.append((now_s, "stored", list(chain[reused:]), parent))
+        if request.output_tokens <= 1:
+            self._complete(request, now_s, done)
+            return
+        request.decode_start_step = self.decode_steps
+        request.decode_context_start = request.input_tokens + 1
+        self.decode_context_tokens += request.decode_context_start
+        finish_step = self.decode_steps + request.output_tokens - 1
+        heapq.heappush(self._decoding, (finish_step, request.request_id, request))
+
+    def _advance_decode(self, now_s: float) -> list[SimRequest]:
+        done: list[SimRequest] = []
+        if not self._decoding:
+            return done
+        self.decode_steps += 1
+        self.decode_context_tokens += len(self._decoding)
+        while self._decoding and self._decoding[0][0] <= self.decode_steps:
+            _, _, request = heapq.heappop(self._decoding)
+            self.decode_context_tokens -= request.decode_context_start + self.decode_steps - request.decode_start_step
+            self._complete(request, now_s, done)
+        return done
+
+    def _complete(self, request: SimRequest, now_s: float, done: list[SimRequest]) -> None:
+        request.finish_s = now_s
+        self.pool.free(request.allocation)
+        done.append(request)
+
+    def _next_jitter(self) -> float:
+        if not self._jitter:
+            sigma = self.truth.jitter_sigma
+            draws = self._rng.lognormal(-0.5 * sigma * sigma, sigma, _JITTER_BATCH) if sigma else np.ones(_JITTER_BATCH)
+            self._jitter = draws.tolist()
+        return self._jitter.pop()
+
+    def _slowdown(self, now_s: float) -> float:
+        return self.truth.slowdown_factor if now_s >= self.truth.slowdown_from_s else 1.0

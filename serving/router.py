@@ -1,0 +1,143 @@
+"""The embedded router: the one routing code path used by the simulator and (later) the API.
+
+For each request: look up the directory, build one feature row per candidate,
+predict the TTFT terms, compose them on the critical path, apply the
+hot-spot skew limit, and let the configured policy choose. Every decision
+carries its full per-candidate breakdown for the log.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvcost.features.build import build_features
+from kvcost.features.nominal import NominalCosts
+from kvcost.models.analytic import AnalyticCostModel
+from kvcost.models.hardware import StepTimeModel
+from kvcost.serving.directory import CacheDirectory, reusable_tokens_for
+from kvcost.serving.policies import PolicyContext, make_policy
+from kvcost.serving.types import RouteDecision, RouteRequest, WorkerSnapshot
+
+#: Default estimate of a decoding request's remaining output tokens, used by the
+#: load measure of ``least_loaded`` (assumption; the Mooncake conversation trace
+#: has a mean output of 343 tokens, so a running request has ~half of it left).
+DEFAULT_EXPECTED_DECODE_TOKENS = 172
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    """Router configuration.
+
+    Attributes:
+        policy: registered policy name (``round_robin``, ``least_loaded``, ``cost_aware``).
+        expected_decode_tokens: decode work per running request in the token load measure.
+        skew_window_requests: decisions in the hot-spot window (≥ 1).
+        max_share_over_mean: a worker whose share of the window's routed input
+            tokens exceeds ``(1 + max_share_over_mean) / n_workers`` is excluded
+            for ``cost_aware`` (unless every worker is). ≥ 0.
+        costs: nominal lookup and first-token costs.
+    """
+
+    policy: str = "cost_aware"
+    expected_decode_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS
+    skew_window_requests: int = 64
+    max_share_over_mean: float = 1.0
+    costs: NominalCosts = field(default_factory=NominalCosts)
+
+    def __post_init__(self) -> None:
+        if self.skew_window_requests < 1:
+            raise ValueError(f"skew_window_requests = {self.skew_window_requests}, expected an integer ≥ 1")
+        if not self.max_share_over_mean >= 0:
+            raise ValueError(f"max_share_over_mean = {self.max_share_over_mean}, expected a number ≥ 0")
+        if self.expected_decode_tokens < 0:
+            raise ValueError(f"expected_decode_tokens = {self.expected_decode_tokens}, expected ≥ 0")
+
+
+def load_tokens(snapshots: Sequence[WorkerSnapshot], expected_decode_tokens: int) -> np.ndarray:
+    """Outstanding work per worker in tokens: queued prefill + running × expected decode tokens. ``(n,)`` float64."""
+    return np.array(
+        [s.queued_prefill_tokens + s.running_requests * expected_decode_tokens for s in snapshots],
+        dtype=np.float64,
+    )
+
+
+class Router:
+    """Cache- and load-aware router.
+
+    Args:
+        directory: the cache directory it reads (fed elsewhere by KV events).
+        step_models: nominal step-time model per GPU type name.
+        settings: policy and limits.
+
+    Thread safety: not thread-safe (the skew window and stateful policies
+    change on every decision); one router per event loop.
+    """
+
+    def __init__(
+        self, directory: CacheDirectory, step_models: Mapping[str, StepTimeModel], settings: RouterSettings
+    ) -> None:
+        self.directory = directory
+        self.step_models = dict(step_models)
+        self.settings = settings
+        self.policy = make_policy(settings.policy)
+        self.cost_model = AnalyticCostModel()
+        self._window: deque[tuple[int, int]] = deque(maxlen=settings.skew_window_requests)
+        self._window_tokens: dict[int, int] = {}
+
+    def route(self, request: RouteRequest, snapshots: Sequence[WorkerSnapshot], now_s: float) -> RouteDecision:
+        """Choose a worker for ``request`` among ``snapshots`` (non-empty).
+
+        Raises:
+            ValueError: no candidates.
+        """
+        if not snapshots:
+            raise ValueError("snapshots is empty, expected at least one candidate worker")
+        worker_ids = tuple(s.worker_id for s in snapshots)
+        matches = self.directory.match(request.namespace, request.block_hashes, worker_ids, now_s)
+        block_size = request.namespace.block_size_tokens
+        reusable = np.array(
+            [reusable_tokens_for(m.reusable_blocks, block_size, request.input_tokens) for m in matches],
+            dtype=np.int64,
+        )
+        features = build_features(request, snapshots, matches, reusable, self.step_models, self.settings.costs)
+        predictions = self.cost_model.predict(features)
+        ctx = PolicyContext(
+            request=request,
+            snapshots=tuple(snapshots),
+            reusable_tokens=reusable,
+            predictions=predictions,
+            load_tokens=load_tokens(snapshots, self.settings.expected_decode_tokens),
+            allowed=self._skew_allowed(worker_ids),
+        )
+        index, reason = self.policy.choose(ctx)
+        self._record(worker_ids[index], request.input_tokens)
+        return RouteDecision(
+            request_id=request.request_id,
+            worker_id=worker_ids[index],
+            chosen_index=index,
+            worker_ids=worker_ids,
+            reason=reason,
+            matches=tuple(matches),
+            reusable_tokens=reusable,
+            features=features,
+            predictions=predictions,
+        )
+
+    def _skew_allowed(self, worker_ids: tuple[int, ...]) -> np.ndarray:
+        total = sum(self._window_tokens.values())
+        if total == 0:
+            return np.ones(len(worker_ids), dtype=bool)
+        cap = (1.0 + self.settings.max_share_over_mean) / len(worker_ids)
+        allowed = np.array([self._window_tokens.get(w, 0) / total <= cap for w in worker_ids])
+        return allowed if allowed.any() else np.ones(len(worker_ids), dtype=bool)
+
+    def _record(self, worker_id: int, tokens: int) -> None:
+        if len(self._window) == self._window.maxlen:
+            old_worker, old_tokens = self._window[0]
+            self._window_tokens[old_worker] -= old_tokens
+        self._window.append((worker_id, tokens))
+        self._window_tokens[worker_id] = self._window_tokens.get(worker_id, 0) + tokens

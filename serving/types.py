@@ -1,0 +1,100 @@
+"""Parameter and result objects at the router's boundary (STYLE.md §4).
+
+Plain frozen dataclasses; the HTTP wire format gets its own pydantic models.
+All times in seconds, all sizes in tokens or blocks as the names say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvcost.models.composition import TermPredictions
+from kvcost.serving.directory import DirectoryMatch, Namespace
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """One request to route.
+
+    Attributes:
+        request_id: caller's id (in replay: the 0-based line of the trace file).
+        arrival_s: arrival time at the router, seconds on the caller's clock.
+        input_tokens: prompt length (≥ 1).
+        block_hashes: chained hashes of the prompt's *full* blocks, prompt order.
+        namespace: KV compatibility key (model, revision, adapter, block size ...).
+    """
+
+    request_id: int
+    arrival_s: float
+    input_tokens: int
+    block_hashes: tuple[int, ...]
+    namespace: Namespace
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """Load of one candidate worker at decision time.
+
+    Attributes:
+        worker_id: worker index.
+        gpu: GPU type name (a key of ``kvcost.models.hardware.GPUS``); the router
+            knows only the type's nominal profile, not the worker's actual speed.
+        waiting_prefill: per request not yet done with prefill, FCFS order:
+            ``(remaining_prefill_tokens, context_tokens)`` where context is what is
+            already in KV (computed chunks and reused prefix).
+        running_requests: requests in decode (one token per step each).
+        decode_context_tokens: sum of the decoding requests' KV lengths (tokens read per step).
+        kv_usage: blocks used by running requests / capacity, in [0, 1].
+        idle_cached_blocks: cached blocks with reference count 0.
+        recent_step_s: duration of the last finished step (0 if none yet).
+        step_remaining_s: time left in the step now running (0 when idle).
+    """
+
+    worker_id: int
+    gpu: str
+    waiting_prefill: tuple[tuple[int, int], ...]
+    running_requests: int
+    decode_context_tokens: int
+    kv_usage: float
+    idle_cached_blocks: int
+    recent_step_s: float
+    step_remaining_s: float
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests not yet done with prefill."""
+        return len(self.waiting_prefill)
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        """Prefill tokens left in the queue."""
+        return sum(remaining for remaining, _ in self.waiting_prefill)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """The router's answer for one request.
+
+    Attributes:
+        request_id: echoed from the request.
+        worker_id: chosen worker.
+        chosen_index: index of the chosen worker among ``worker_ids``.
+        worker_ids: candidates, shape ``(n_candidates,)``.
+        reason: one-line human-readable reason.
+        matches: directory match per candidate.
+        reusable_tokens: int64 ``(n_candidates,)``, tokens the directory says are reusable.
+        features: float64 ``(n_candidates, len(FEATURE_SPEC))``.
+        predictions: predicted terms per candidate.
+    """
+
+    request_id: int
+    worker_id: int
+    chosen_index: int
+    worker_ids: tuple[int, ...]
+    reason: str
+    matches: tuple[DirectoryMatch, ...]
+    reusable_tokens: np.ndarray
+    features: np.ndarray
+    predictions: TermPredictions
