@@ -9,6 +9,7 @@ from kvcost.replay.simulator import ReplayResult
 #: Keys of one configuration's summary, in report order.
 SUMMARY_KEYS: tuple[str, ...] = (
     "completed",
+    "rejected",
     "ttft_mean_s",
     "ttft_p50_s",
     "ttft_p90_s",
@@ -31,6 +32,7 @@ def _quantile(values: np.ndarray, q: float) -> float:
 def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     """Figures of one configuration.
 
+    ``rejected`` counts requests too large for any worker's KV capacity.
     ``hit_ratio`` is token-weighted: actually reused tokens / input tokens.
     ``max_worker_share`` is the largest fraction of requests any one worker
     served. ``utilisation`` is the mean over workers of the fraction of the
@@ -40,11 +42,14 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     """
     r = result.requests
     if r.empty:
-        return {key: 0 if key in ("completed", "directory_mismatch_tokens") else float("nan") for key in SUMMARY_KEYS}
+        counts = ("completed", "rejected", "directory_mismatch_tokens")
+        empty = {key: 0 if key in counts else float("nan") for key in SUMMARY_KEYS}
+        return {**empty, "rejected": result.rejected_requests}
     ttft = r["actual_ttft_s"].to_numpy()
     counts = np.bincount(r["worker_id"].to_numpy(), minlength=n_workers)
     return {
         "completed": int(len(r)),
+        "rejected": int(result.rejected_requests),
         "ttft_mean_s": float(ttft.mean()),
         "ttft_p50_s": _quantile(ttft, 0.50),
         "ttft_p90_s": _quantile(ttft, 0.90),

@@ -46,6 +46,7 @@ def _finite(value):
 
 _LABELS = {
     "completed": "completed",
+    "rejected": "rejected (too large for KV)",
     "ttft_mean_s": "TTFT mean (s)",
     "ttft_p50_s": "TTFT P50 (s)",
     "ttft_p90_s": "TTFT P90 (s)",

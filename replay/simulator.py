@@ -50,6 +50,8 @@ class ReplayResult:
         utilisation: per worker, fraction of the measured span spent in steps
             that carry prefill tokens, shape ``(n_workers,)``.
         makespan_s: first measured arrival → last completion.
+        rejected_requests: requests whose whole sequence needs more KV blocks than
+            the chosen worker has at all (they could never be admitted); not served.
     """
 
     requests: pd.DataFrame
@@ -57,6 +59,7 @@ class ReplayResult:
     worker_samples: pd.DataFrame
     utilisation: np.ndarray
     makespan_s: float
+    rejected_requests: int = 0
 
 
 class ClusterSimulator:
@@ -137,8 +140,12 @@ class ClusterSimulator:
             full_hashes,
             predicted_reuse,
         )
-        log.route(sim_request, decision)
         worker = self.workers[decision.worker_id]
+        total_tokens = trace_request.input_tokens + trace_request.output_tokens
+        if -(-total_tokens // self.block_size_tokens) > worker.pool.capacity_blocks:
+            log.rejected += 1
+            return
+        log.route(sim_request, decision)
         worker.enqueue(sim_request)
         if worker.step_end_s is None:
             self._start(worker, now, steps)
@@ -175,6 +182,7 @@ class _Log:
         self.candidate_blocks: list[np.ndarray] = []
         self.candidate_ids: list[tuple[int, tuple[int, ...], int]] = []
         self.samples: list[tuple] = []
+        self.rejected = 0
         self.first_arrival_s = math.inf
         self.last_finish_s = 0.0
 
@@ -232,6 +240,7 @@ class _Log:
             ),
             utilisation=busy / makespan_s if makespan_s > 0 else np.zeros(len(workers)),
             makespan_s=makespan_s,
+            rejected_requests=self.rejected,
         )
 
     def _candidates(self) -> pd.DataFrame:

@@ -1,0 +1,94 @@
+"""Tests for kvcost.features.build (build_features) on the linear step model (tests/conftest.py)."""
+
+import numpy as np
+import pytest
+from kvcost.features.build import build_features
+from kvcost.features.nominal import NominalCosts
+from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
+from kvcost.serving.directory import DirectoryMatch, Namespace
+from kvcost.serving.types import RouteRequest
+
+REQUEST = RouteRequest(request_id=7, arrival_s=3.0, input_tokens=1100, block_hashes=(1, 2),
+                       namespace=Namespace("linear"))
+
+
+@pytest.fixture
+def case(linear_step_model, make_snapshot):
+    """Worker 0: holds 1 block in CPU, 1000 tokens queued, 2 decoding; worker 1: idle, no match."""
+    busy = make_snapshot(0, waiting_prefill=((1000, 0),), running_requests=2,
+                         decode_context_tokens=1000, kv_usage=0.25, idle_cached_blocks=7,
+                         recent_step_s=0.02, step_remaining_s=0.005)
+    idle = make_snapshot(1)
+    matches = [DirectoryMatch(0, 1, "cpu", 2.0), DirectoryMatch(1, 0, "none", float("inf"))]
+    return [busy, idle], matches, [512, 0], {"linear-gpu": linear_step_model}
+
+
+def build(snapshots, matches, reusable, models):
+    return build_features(REQUEST, snapshots, matches, reusable, models, NominalCosts())
+
+
+def test_shape_and_exact_columns(case):
+    x = build(*case)
+    assert x.shape == (2, len(FEATURE_NAMES)) == (2, 18)
+    assert x.dtype == np.float64
+    # busy worker: 588 uncached tokens share one step with the 1000 queued (chunk 8190):
+    # 1590 tokens × 1 µs + 1 ms overhead + 1000 decode context × 1 µs
+    # + attention (1000 × 1001 / 2 + 588 × (512 + 589 / 2)) pairs × 1e-12 s
+    busy_prefill_s = 0.00159 + 0.001 + 0.001 + (500_500 + 474_222) * 1e-12
+    # idle worker: 1100 tokens + 1 ms + 1100 × 1101 / 2 pairs
+    idle_prefill_s = 0.0011 + 0.001 + 605_550e-12
+    expected = {
+        "input_tokens": [1100, 1100],
+        "request_blocks": [2, 2],
+        "reusable_tokens": [512, 0],
+        "uncached_tokens": [588, 1100],
+        "reusable_tier": [2, 0],
+        "directory_age_s": [2.0, -1.0],  # never heard from → -1
+        "waiting_requests": [1, 0],
+        "running_requests": [2, 0],
+        "queued_prefill_tokens": [1000, 0],
+        "decode_context_tokens": [1000, 0],
+        "kv_usage": [0.25, 0.0],
+        "idle_cached_blocks": [7, 0],
+        "recent_step_s": [0.02, 0.0],
+        "step_remaining_s": [0.005, 0.0],
+        "nominal_queue_s": [0.005, 0.0],
+        "nominal_lookup_s": [2.2e-4, 2.2e-4],
+        "nominal_prefill_s": [busy_prefill_s, idle_prefill_s],
+        "nominal_first_token_s": [2e-3, 2e-3],
+    }
+    assert list(expected) == list(FEATURE_NAMES)
+    for name, column in expected.items():
+        assert x[:, FEATURE_INDEX[name]].tolist() == pytest.approx(column), name
+
+
+def test_tier_is_zero_without_reusable_tokens(linear_step_model, make_snapshot):
+    # the directory reports a GPU block, but a 1-token prompt reuses nothing
+    request = RouteRequest(0, 0.0, 1, (5,), Namespace("linear"))
+    x = build_features(request, [make_snapshot(0)], [DirectoryMatch(0, 1, "gpu", 0.0)], [0],
+                       {"linear-gpu": linear_step_model}, NominalCosts())
+    assert x[0, FEATURE_INDEX["reusable_tier"]] == 0.0
+
+
+def test_no_leakage_same_inputs_same_rows(case):
+    snapshots, matches, reusable, models = case
+    before = (list(snapshots), list(matches), list(reusable))
+    first, second = build(*case), build(*case)
+    assert np.array_equal(first, second)
+    assert first is not second
+    assert (snapshots, matches, reusable) == before
+    # a row depends only on its own candidate: reversing the candidates reverses the rows
+    reversed_x = build(snapshots[::-1], matches[::-1], reusable[::-1], models)
+    assert np.array_equal(reversed_x, first[::-1])
+
+
+def test_unknown_gpu_type_raises(case, make_snapshot):
+    _, matches, reusable, models = case
+    with pytest.raises(KeyError, match="h100"):
+        build([make_snapshot(0, gpu="h100"), make_snapshot(1)], matches, reusable, models)
+
+
+def test_mismatched_lengths_raise(case):
+    snapshots, matches, _, models = case
+    with pytest.raises(ValueError):
+        build(snapshots, matches, [512], models)

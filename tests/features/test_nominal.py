@@ -1,0 +1,89 @@
+"""Tests for kvcost.features.nominal on the hand-made linear step model (tests/conftest.py).
+
+That model's step costs 1 µs per batch token + 1e-12 s per prefill attention
+token pair + 1 µs per decode context token + 1 ms overhead; budget 8192.
+"""
+
+import pytest
+from kvcost.features.nominal import NominalCosts, queue_and_prefill_s
+
+
+def nominal(model, uncached, reusable=0, waiting=(), running=0, decode_ctx=0, remaining_s=0.0):
+    return queue_and_prefill_s(model, waiting, running, decode_ctx, remaining_s, uncached, reusable)
+
+
+def test_idle_worker_single_step(linear_step_model):
+    queue_s, prefill_s = nominal(linear_step_model, 1000)
+    # 1000 µs + 1 ms + 1000 × 1001 / 2 pairs × 1e-12 s
+    assert queue_s == 0.0
+    assert prefill_s == pytest.approx(0.0020005005)
+    assert prefill_s == pytest.approx(linear_step_model.prefill_alone_s(1000))
+
+
+def test_reused_prefix_is_attention_context(linear_step_model):
+    _, prefill_s = nominal(linear_step_model, 1000, reusable=512)
+    # pairs = 1000 × (512 + 1001 / 2) = 1 012 500
+    assert prefill_s == pytest.approx(0.002 + 1.0125e-6)
+
+
+def test_idle_worker_two_chunks_is_sum_of_the_two_steps(linear_step_model):
+    m = linear_step_model
+    queue_s, prefill_s = nominal(m, 10_000)
+    first = m.step_s(8192, m.prefill_attention_flops(8192, 0), 0)
+    second = m.step_s(1808, m.prefill_attention_flops(1808, 8192), 0)
+    assert queue_s == 0.0
+    assert prefill_s == pytest.approx(first + second)
+    # (8.192 + 1) ms + (1.808 + 1) ms + 10000 × 10001 / 2 pairs × 1e-12 s
+    assert prefill_s == pytest.approx(0.012050005)
+
+
+def test_step_remaining_is_queue_on_idle_worker(linear_step_model):
+    queue_s, prefill_s = nominal(linear_step_model, 1000, remaining_s=0.004)
+    assert queue_s == 0.004
+    assert prefill_s == pytest.approx(0.0020005005)
+
+
+def test_full_step_ahead_shifts_queue_exactly(linear_step_model):
+    idle_queue_s, idle_prefill_s = nominal(linear_step_model, 100)
+    queue_s, prefill_s = nominal(linear_step_model, 100, waiting=((8192, 0),), remaining_s=0.003)
+    # 3 ms remaining + one full step (9.192 ms) + its attention (8192 × 8193 / 2 pairs)
+    assert queue_s == pytest.approx(0.003 + 0.009192 + 33_558_528e-12)
+    # the request's own prefill is the same as on an idle worker: 100 µs + 1 ms + 5050 pairs
+    assert prefill_s == pytest.approx(idle_prefill_s)
+    assert prefill_s == pytest.approx(0.0011 + 5050e-12)
+    assert idle_queue_s == 0.0
+
+
+def test_work_ahead_sharing_the_first_step(linear_step_model):
+    queue_s, prefill_s = nominal(linear_step_model, 100, waiting=((1000, 0),))
+    # one step of 1100 tokens; the request waits for no step boundary
+    assert queue_s == 0.0
+    assert prefill_s == pytest.approx(0.0021 + (500_500 + 5050) * 1e-12)
+
+
+def test_ahead_attention_split_by_tokens_done_before_first_chunk(linear_step_model):
+    waiting = ((6144, 0), (6144, 0))  # 12288 ahead: step 0 is all ahead, step 1 starts with 4096 ahead
+    queue_s, prefill_s = nominal(linear_step_model, 4096, waiting=waiting)
+    ahead_attention_s = 2 * 6144 * 6145 / 2 * 1e-12
+    own_attention_s = 4096 * 4097 / 2 * 1e-12
+    assert queue_s == pytest.approx(0.009192 + ahead_attention_s * 8192 / 12288)
+    assert queue_s + prefill_s == pytest.approx(2 * 0.009192 + ahead_attention_s + own_attention_s)
+
+
+def test_decoding_requests_reduce_chunk_capacity(linear_step_model):
+    # 2 decoding requests: chunk capacity 8190; 1000 decode context tokens add 1 ms per step
+    _, fits_s = nominal(linear_step_model, 8190, running=2, decode_ctx=1000)
+    _, spills_s = nominal(linear_step_model, 8191, running=2, decode_ctx=1000)
+    _, alone_s = nominal(linear_step_model, 8191)
+    assert fits_s == pytest.approx(0.008192 + 0.002 + 8190 * 8191 / 2 * 1e-12)
+    # a full step (8192 tokens + 2 ms) and a tail step of 1 prefill + 2 decode tokens (3 µs + 2 ms)
+    assert spills_s == pytest.approx(0.010192 + 0.002003 + 8191 * 8192 / 2 * 1e-12)
+    assert alone_s == pytest.approx(0.009191 + 8191 * 8192 / 2 * 1e-12)
+
+
+def test_nominal_costs():
+    costs = NominalCosts()
+    assert costs.lookup_s(0) == 2e-4
+    assert costs.lookup_s(17) == pytest.approx(3.7e-4)
+    assert costs.first_token_s == 2e-3
+    assert NominalCosts(lookup_base_s=0.0, lookup_per_block_s=1e-3).lookup_s(4) == pytest.approx(4e-3)
