@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -23,7 +23,7 @@ from kvcost.data.store import LogStore
 from kvcost.data.traces import Trace, load_trace
 from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
 from kvcost.replay.experiment import CONFIGURATIONS, Configuration, configure, replay, run_experiment
-from kvcost.replay.metrics import summarise
+from kvcost.replay.metrics import infinite_cache_hit_ratio, summarise
 from kvcost.replay.outputs import (
     comparison_rows,
     log_replay,
@@ -42,7 +42,9 @@ console = Console()
 #: balanced, cache-off configuration runs at ~82 % utilisation (measured, see README).
 DEFAULT_RATE_SCALE = 0.55
 
-TraceOpt = Annotated[str, typer.Option(help="Bundled trace name (mooncake-conversation, azure-conv, azure-code) or a path.")]
+TraceOpt = Annotated[
+    str, typer.Option(help="Bundled trace name (mooncake-conversation, azure-conv, azure-code) or a path.")
+]
 WorkersOpt = Annotated[int, typer.Option(min=1, help="Number of workers (ignored when --fleet is given).")]
 FleetOpt = Annotated[str | None, typer.Option(help="GPU mix, e.g. 'a100:2,h100:2' (default: --workers × a100).")]
 RateOpt = Annotated[float, typer.Option(help="Arrival times are divided by this (2 = twice the load).")]
@@ -59,7 +61,7 @@ OutOpt = Annotated[Path | None, typer.Option(help="Output folder (default runs/<
 DbOpt = Annotated[Path, typer.Option(help="DuckDB log, appended to.")]
 
 
-class CacheSwitch(str, Enum):
+class CacheSwitch(StrEnum):
     """``--cache on|off``."""
 
     on = "on"
@@ -80,11 +82,32 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def _setup(trace, workers, fleet, rate_scale, start_s, duration_s, seed, warmup_s, directory_lag_s, slowdown,
-           token_budget, jitter_sigma, skip_bad_lines, out, db) -> _Setup:
+def _setup(
+    trace,
+    workers,
+    fleet,
+    rate_scale,
+    start_s,
+    duration_s,
+    seed,
+    warmup_s,
+    directory_lag_s,
+    slowdown,
+    token_budget,
+    jitter_sigma,
+    skip_bad_lines,
+    out,
+    db,
+) -> _Setup:
     try:
-        loaded = load_trace(trace, start_s=start_s, duration_s=duration_s, rate_scale=rate_scale,
-                            spread_seed=seed, skip_bad_lines=skip_bad_lines)
+        loaded = load_trace(
+            trace,
+            start_s=start_s,
+            duration_s=duration_s,
+            rate_scale=rate_scale,
+            spread_seed=seed,
+            skip_bad_lines=skip_bad_lines,
+        )
         config = ClusterConfig(
             fleet=parse_fleet(fleet, 0 if fleet else workers),
             token_budget=token_budget,
@@ -111,7 +134,8 @@ def _setup_lines(s: _Setup, results) -> list[str]:
     t, c = s.trace, s.config
     spread = (
         f"arrivals spread uniformly (seed {c.seed}) inside the trace's {t.spread_bucket_s:.1f} s timestamp buckets"
-        if t.spread_bucket_s else "arrivals as recorded (no bucket spread)"
+        if t.spread_bucket_s
+        else "arrivals as recorded (no bucket spread)"
     )
     window = f"{t.start_s:.0f} s + {t.duration_s:.0f} s" if t.duration_s else f"from {t.start_s:.0f} s to the end"
     cache = f"warmed by the first {c.warmup_s:.0f} s of arrivals (not measured)" if c.warmup_s else "cold"
@@ -120,9 +144,11 @@ def _setup_lines(s: _Setup, results) -> list[str]:
         f"trace `{s.trace_arg}` ({t.source}), {len(t)} requests, window {window}, skipped lines {t.skipped_lines}",
         f"rate scale {t.rate_scale} (arrival times divided by it); {spread}",
         f"model {c.model}; fleet {', '.join(c.fleet)}; token budget {c.token_budget} per step",
-        f"initial cache state: {cache}; directory lag {c.directory_lag_s} s",
+        f"initial cache state: {cache}; directory lag {c.directory_lag_s} s; token hit ratio bound with an "
+        f"infinite shared cache {infinite_cache_hit_ratio(t):.1%}",
         f"ground truth beyond the router's model: per-step log-normal jitter σ={c.jitter_sigma}; stragglers: {slow}",
-        f"seed {c.seed}; DuckDB log `{s.db}`; {', '.join(f'{k}: {v.requests.shape[0]} measured' for k, v in results.items())}",
+        f"seed {c.seed}; DuckDB log `{s.db}`; "
+        + ", ".join(f"{k}: {v.requests.shape[0]} measured" for k, v in results.items()),
     ]
 
 
@@ -135,6 +161,7 @@ def _write_outputs(s: _Setup, arms: list[Configuration], summary: dict, results:
         "rate_scale": s.trace.rate_scale,
         "seed": s.config.seed,
         "requests": len(s.trace),
+        "hit_ratio_bound_infinite_cache": infinite_cache_hit_ratio(s.trace),
         **summary,
     }
     write_summary_json(s.out / "summary.json", summary)
@@ -148,8 +175,13 @@ def _write_outputs(s: _Setup, arms: list[Configuration], summary: dict, results:
     try:
         with LogStore(s.db).open() as store:
             for arm in arms:
-                params = {"config": asdict(configure(s.config, arm)), "trace": s.trace_arg,
-                          "start_s": s.trace.start_s, "duration_s": s.trace.duration_s, "rate_scale": s.trace.rate_scale}
+                params = {
+                    "config": asdict(configure(s.config, arm)),
+                    "trace": s.trace_arg,
+                    "start_s": s.trace.start_s,
+                    "duration_s": s.trace.duration_s,
+                    "rate_scale": s.trace.rate_scale,
+                }
                 log_replay(store, f"{batch}-{arm.name}", arm.name, s.trace_arg, params, started, results[arm.name])
     except ValueError as exc:
         _fail(str(exc))
@@ -191,8 +223,23 @@ def experiment(
     db: DbOpt = Path("runs/kvcost.duckdb"),
 ) -> None:
     """Replay one trace under balanced_nocache, balanced_cache and cost_aware; attribute the gains."""
-    s = _setup(trace, workers, fleet, rate_scale, start_s, duration_s, seed, warmup_s, directory_lag_s, slowdown,
-               token_budget, jitter_sigma, skip_bad_lines, out, db)
+    s = _setup(
+        trace,
+        workers,
+        fleet,
+        rate_scale,
+        start_s,
+        duration_s,
+        seed,
+        warmup_s,
+        directory_lag_s,
+        slowdown,
+        token_budget,
+        jitter_sigma,
+        skip_bad_lines,
+        out,
+        db,
+    )
     summary, results = _progress_run(len(s.trace) * len(CONFIGURATIONS), lambda p: run_experiment(s.trace, s.config, p))
     _write_outputs(s, list(CONFIGURATIONS), summary, results)
 
@@ -220,9 +267,26 @@ def replay_command(
     """Replay one trace under one policy, cache on or off."""
     if policy not in ROUTER_POLICIES:
         _fail(f"policy = {policy!r}, expected one of {', '.join(ROUTER_POLICIES.names())}")
-    s = _setup(trace, workers, fleet, rate_scale, start_s, duration_s, seed, warmup_s, directory_lag_s, slowdown,
-               token_budget, jitter_sigma, skip_bad_lines, out, db)
-    arm = Configuration(f"{policy}_{'cache' if cache is CacheSwitch.on else 'nocache'}", policy, cache is CacheSwitch.on)
+    s = _setup(
+        trace,
+        workers,
+        fleet,
+        rate_scale,
+        start_s,
+        duration_s,
+        seed,
+        warmup_s,
+        directory_lag_s,
+        slowdown,
+        token_budget,
+        jitter_sigma,
+        skip_bad_lines,
+        out,
+        db,
+    )
+    arm = Configuration(
+        f"{policy}_{'cache' if cache is CacheSwitch.on else 'nocache'}", policy, cache is CacheSwitch.on
+    )
     result = _progress_run(len(s.trace), lambda p: replay(s.trace, configure(s.config, arm), p))
     summary = {"configs": {arm.name: summarise(result, s.config.workers)}}
     _write_outputs(s, [arm], summary, {arm.name: result})

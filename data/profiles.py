@@ -118,10 +118,7 @@ def _check_profile_arrays(tokens: np.ndarray, per_layer: np.ndarray, once: np.nd
     if tokens.ndim != 1 or tokens.size < 2:
         raise ValueError(f"num_tokens must be 1-D with >= 2 points, got shape {tokens.shape}")
     if per_layer.shape != tokens.shape or once.shape != tokens.shape:
-        raise ValueError(
-            f"per_layer_s {per_layer.shape} and once_s {once.shape} must match "
-            f"num_tokens {tokens.shape}"
-        )
+        raise ValueError(f"per_layer_s {per_layer.shape} and once_s {once.shape} must match num_tokens {tokens.shape}")
     if np.any(np.diff(tokens) <= 0) or tokens[0] < 1:
         raise ValueError("num_tokens must be strictly increasing and >= 1")
     if np.any(per_layer < 0) or np.any(once < 0) or not np.all(np.isfinite(per_layer + once)):
@@ -186,8 +183,7 @@ def load_vidur_profile(gpu: str, model_dir: str) -> OperatorProfile:
     path = _vidur_root().joinpath(*rel.split("/"))
     if not path.is_file():
         known = ", ".join(f"{g}/{m}" for g, m in available_vidur_profiles()) or "(none)"
-        raise KeyError(f"no bundled Vidur profile for gpu {gpu!r}, model {model_dir!r}; "
-                       f"available: {known}")
+        raise KeyError(f"no bundled Vidur profile for gpu {gpu!r}, model {model_dir!r}; available: {known}")
     with path.open("r") as handle:
         frame = pd.read_csv(handle)
     return profile_from_frame(frame, source=f"vidur/{rel}")
@@ -205,9 +201,7 @@ def profile_from_frame(frame: pd.DataFrame, source: str) -> OperatorProfile:
     if missing:
         raise ValueError(f"profile {source!r} lacks columns {missing}")
     medians = frame.groupby("num_tokens", sort=True)[columns].median()
-    per_layer_ms = sum(
-        medians[f"time_stats.{op}.median"] * count for op, count in PER_LAYER_OP_COUNTS.items()
-    )
+    per_layer_ms = sum(medians[f"time_stats.{op}.median"] * count for op, count in PER_LAYER_OP_COUNTS.items())
     once_ms = sum(medians[f"time_stats.{op}.median"] for op in ONCE_PER_STEP_OPS)
     return OperatorProfile(
         num_tokens=medians.index.to_numpy(dtype=np.int64),

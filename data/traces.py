@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from kvcost.registry import Registry
 
 __all__ = [
@@ -98,9 +99,7 @@ class TraceFormatError(ValueError):
         self.path, self.line_number, self.field = path, line_number, field
         self.value, self.expected = value, expected
         shown = "is missing" if value is MISSING else f"= {_clip(repr(value))}"
-        super().__init__(
-            f"{path.name} line {line_number}: field {field!r} {shown}, expected {expected}"
-        )
+        super().__init__(f"{path.name} line {line_number}: field {field!r} {shown}, expected {expected}")
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -234,9 +233,7 @@ def _collect(
     return kept, skipped
 
 
-def _to_raw(
-    kept: list[tuple[int, _Parsed]], seconds: Callable[[Any], float], skipped: int
-) -> RawTrace:
+def _to_raw(kept: list[tuple[int, _Parsed]], seconds: Callable[[Any], float], skipped: int) -> RawTrace:
     requests = tuple(TraceRequest(rid, seconds(p[0]), p[2], p[3], p[4]) for rid, p in kept)
     return RawTrace(requests, skipped)
 
@@ -255,9 +252,7 @@ def _is_int(v: Any) -> bool:
     return type(v) is int
 
 
-def _require(
-    path: Path, line: int, obj: dict, field: str, ok: Callable[[Any], bool], expected: str
-) -> Any:
+def _require(path: Path, line: int, obj: dict, field: str, ok: Callable[[Any], bool], expected: str) -> Any:
     value = obj.get(field, MISSING)
     if value is MISSING or not ok(value):
         raise TraceFormatError(path, line, field, value, expected)
@@ -275,24 +270,17 @@ def _mooncake_parser(path: Path, block_size_tokens: int) -> _LineParser:
         try:
             obj = json.loads(text)
         except ValueError as exc:
-            raise TraceFormatError(
-                path, line, "<line>", text.strip(), f"a JSON object ({exc})"
-            ) from None
+            raise TraceFormatError(path, line, "<line>", text.strip(), f"a JSON object ({exc})") from None
         if not isinstance(obj, dict):
             raise TraceFormatError(path, line, "<line>", text.strip(), "a JSON object")
         ts = _require(path, line, obj, "timestamp", is_ts, "a non-negative number (milliseconds)")
-        n_in = _require(
-            path, line, obj, "input_length", lambda v: _is_int(v) and v >= 1, "a positive integer"
-        )
-        n_out = _require(
-            path, line, obj, "output_length", lambda v: _is_int(v) and v >= 1, "a positive integer"
-        )
+        n_in = _require(path, line, obj, "input_length", lambda v: _is_int(v) and v >= 1, "a positive integer")
+        n_out = _require(path, line, obj, "output_length", lambda v: _is_int(v) and v >= 1, "a positive integer")
         ids = _require(path, line, obj, "hash_ids", is_ids, "a list of non-negative integers")
         n_blocks = -(-n_in // block_size_tokens)
         if len(ids) != n_blocks:
             expected = (
-                f"{n_blocks} ids = ceil(input_length {n_in} / block_size_tokens "
-                f"{block_size_tokens}), got {len(ids)}"
+                f"{n_blocks} ids = ceil(input_length {n_in} / block_size_tokens {block_size_tokens}), got {len(ids)}"
             )
             raise TraceFormatError(path, line, "hash_ids", ids, expected)
         return ts, ts, n_in, n_out, tuple(ids)
@@ -301,9 +289,7 @@ def _mooncake_parser(path: Path, block_size_tokens: int) -> _LineParser:
 
 
 @TRACE_LOADERS.register("mooncake")
-def load_mooncake(
-    path: Path, block_size_tokens: int = 512, skip_bad_lines: bool = False
-) -> RawTrace:
+def load_mooncake(path: Path, block_size_tokens: int = 512, skip_bad_lines: bool = False) -> RawTrace:
     """Read a Mooncake FAST'25 JSONL trace (kvcache-ai/Mooncake ``FAST25-release``).
 
     Each line ``{"timestamp": ms, "input_length", "output_length", "hash_ids"}``;
@@ -360,16 +346,12 @@ def _azure_parser(path: Path, block_size_tokens: int, cols: dict[str, int]) -> _
         except csv.Error:
             row = []
         if len(row) != cols["<width>"]:
-            raise TraceFormatError(
-                path, line, "<line>", text.strip(), f"{cols['<width>']} CSV columns"
-            )
+            raise TraceFormatError(path, line, "<line>", text.strip(), f"{cols['<width>']} CSV columns")
         raw_ts = row[cols["TIMESTAMP"]].strip()
         try:
             ts = parse_azure_timestamp(raw_ts)
         except ValueError:
-            raise TraceFormatError(
-                path, line, "TIMESTAMP", raw_ts, "YYYY-MM-DD HH:MM:SS.fffffff"
-            ) from None
+            raise TraceFormatError(path, line, "TIMESTAMP", raw_ts, "YYYY-MM-DD HH:MM:SS.fffffff") from None
         n_in = _azure_int(path, line, row, cols, "ContextTokens")
         n_out = _azure_int(path, line, row, cols, "GeneratedTokens")
         n_blocks = -(-n_in // block_size_tokens)
@@ -411,16 +393,12 @@ def bundled_trace_path(name: str) -> Path:
         KeyError: unknown name; the message lists the bundled names.
     """
     if name not in BUNDLED_TRACES:
-        raise KeyError(
-            f"unknown bundled trace {name!r}; expected one of: {', '.join(sorted(BUNDLED_TRACES))}"
-        )
+        raise KeyError(f"unknown bundled trace {name!r}; expected one of: {', '.join(sorted(BUNDLED_TRACES))}")
     resource = files("kvcost.data").joinpath("bundled", *BUNDLED_TRACES[name][1])
     return Path(str(resource))
 
 
-def _check_options(
-    block_size_tokens: int, start_s: float, duration_s: float | None, rate_scale: float
-) -> None:
+def _check_options(block_size_tokens: int, start_s: float, duration_s: float | None, rate_scale: float) -> None:
     def bad(name: str, value: Any, expected: str) -> ValueError:
         return ValueError(f"{name} = {value!r}, expected {expected}")
 
@@ -444,9 +422,7 @@ def _resolve(trace: str | Path, loader: str | None) -> tuple[str, Path, str]:
     path = Path(trace)
     if not path.is_file():
         known = ", ".join(sorted(BUNDLED_TRACES))
-        raise FileNotFoundError(
-            f"trace {str(trace)!r} is neither a file nor a bundled trace ({known})"
-        )
+        raise FileNotFoundError(f"trace {str(trace)!r} is neither a file nor a bundled trace ({known})")
     if loader is None:
         loader = _SUFFIX_LOADERS.get(path.suffix.lower())
         if loader is None:
@@ -488,9 +464,7 @@ def _window(
     arrivals = ((times[keep] - start_s) / rate_scale).tolist()
     reqs = raw.requests
     return tuple(
-        TraceRequest(
-            reqs[i].request_id, a, reqs[i].input_tokens, reqs[i].output_tokens, reqs[i].block_hashes
-        )
+        TraceRequest(reqs[i].request_id, a, reqs[i].input_tokens, reqs[i].output_tokens, reqs[i].block_hashes)
         for i, a in zip(keep.tolist(), arrivals, strict=True)
     )
 
@@ -531,9 +505,7 @@ def load_trace(
     name, path, loader_name = _resolve(trace, loader)
     raw = TRACE_LOADERS.get(loader_name)(path, block_size_tokens, skip_bad_lines)
     if not raw.requests:
-        raise ValueError(
-            f"trace {name!r} ({path}) has no valid requests ({raw.skipped_lines} lines skipped)"
-        )
+        raise ValueError(f"trace {name!r} ({path}) has no valid requests ({raw.skipped_lines} lines skipped)")
     times, bucket = _spread(np.array([r.arrival_s for r in raw.requests]), spread_seed)
     requests = _window(raw, times, start_s, duration_s, rate_scale)
     if not requests:

@@ -73,7 +73,9 @@ def queue_and_prefill_s(
     fixed_s = step_model.attention_s(0.0, decode_context_tokens) + step_model.step_overhead_s
     full_step_s = step_model.nonattention_s(budget) + fixed_s
     ahead_tokens = sum(r for r, _ in waiting_prefill)
-    ahead_attention_s = sum(step_model.attention_s(step_model.prefill_attention_flops(r, c), 0) for r, c in waiting_prefill)
+    ahead_attention_s = sum(
+        step_model.attention_s(step_model.prefill_attention_flops(r, c), 0) for r, c in waiting_prefill
+    )
     own_attention_s = step_model.attention_s(step_model.prefill_attention_flops(uncached_tokens, reusable_tokens), 0)
     work_tokens = ahead_tokens + uncached_tokens
     full_steps, tail_tokens = divmod(work_tokens, chunk_tokens)

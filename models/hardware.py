@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvcost.data.profiles import OperatorProfile, load_vidur_profile
 from kvcost.registry import Registry
 
@@ -113,24 +114,54 @@ class GpuSpec:
 
 
 MODELS: Registry[ModelSpec] = Registry("model")
-MODELS.add("llama-3-8b", ModelSpec(
-    name="llama-3-8b", num_layers=32, num_q_heads=32, num_kv_heads=8, head_dim=128,
-    hidden_size=4096, num_params=8.03e9, dtype_bytes=BF16_BYTES, profile_dir="Meta-Llama-3-8B",
-))
-MODELS.add("llama-2-7b", ModelSpec(
-    name="llama-2-7b", num_layers=32, num_q_heads=32, num_kv_heads=32, head_dim=128,
-    hidden_size=4096, num_params=6.74e9, dtype_bytes=BF16_BYTES, profile_dir="Llama-2-7b-hf",
-))
+MODELS.add(
+    "llama-3-8b",
+    ModelSpec(
+        name="llama-3-8b",
+        num_layers=32,
+        num_q_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        hidden_size=4096,
+        num_params=8.03e9,
+        dtype_bytes=BF16_BYTES,
+        profile_dir="Meta-Llama-3-8B",
+    ),
+)
+MODELS.add(
+    "llama-2-7b",
+    ModelSpec(
+        name="llama-2-7b",
+        num_layers=32,
+        num_q_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        hidden_size=4096,
+        num_params=6.74e9,
+        dtype_bytes=BF16_BYTES,
+        profile_dir="Llama-2-7b-hf",
+    ),
+)
 
 GPUS: Registry[GpuSpec] = Registry("gpu")
-GPUS.add("a100", GpuSpec(  # A100-SXM4-80GB
-    name="a100", memory_bytes=80 * GIB_BYTES, peak_dense_bf16_flops=312e12,
-    hbm_bytes_per_s=2.039e12,
-))
-GPUS.add("h100", GpuSpec(  # H100-SXM5-80GB
-    name="h100", memory_bytes=80 * GIB_BYTES, peak_dense_bf16_flops=989e12,
-    hbm_bytes_per_s=3.35e12,
-))
+GPUS.add(
+    "a100",
+    GpuSpec(  # A100-SXM4-80GB
+        name="a100",
+        memory_bytes=80 * GIB_BYTES,
+        peak_dense_bf16_flops=312e12,
+        hbm_bytes_per_s=2.039e12,
+    ),
+)
+GPUS.add(
+    "h100",
+    GpuSpec(  # H100-SXM5-80GB
+        name="h100",
+        memory_bytes=80 * GIB_BYTES,
+        peak_dense_bf16_flops=989e12,
+        hbm_bytes_per_s=3.35e12,
+    ),
+)
 
 DERIVED_PROFILES: dict[tuple[str, str], tuple[str, str]] = {
     ("h100", "Meta-Llama-3-8B"): ("a100", "Llama-2-7b-hf"),
@@ -167,8 +198,7 @@ def derived_profile(
     tokens = base.num_tokens
     return OperatorProfile(
         num_tokens=tokens,
-        per_layer_s=base.per_layer_s * _ratio_at(tokens, reference_target, reference_base,
-                                                 "per_layer_s"),
+        per_layer_s=base.per_layer_s * _ratio_at(tokens, reference_target, reference_base, "per_layer_s"),
         once_s=base.once_s * _ratio_at(tokens, reference_target, reference_base, "once_s"),
         source=f"derived: {base.source} × ({reference_target.source} / {reference_base.source})",
     )
@@ -226,12 +256,24 @@ class StepTimeModel:
         decode_bandwidth_efficiency: float = DEFAULT_DECODE_BANDWIDTH_EFFICIENCY,
         step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
     ) -> None:
-        _require(isinstance(token_budget, int | np.integer) and token_budget >= 1,
-                 "token_budget", token_budget, "an integer >= 1")
-        _require(0 < attention_flops_efficiency <= 1, "attention_flops_efficiency",
-                 attention_flops_efficiency, "a value in (0, 1]")
-        _require(0 < decode_bandwidth_efficiency <= 1, "decode_bandwidth_efficiency",
-                 decode_bandwidth_efficiency, "a value in (0, 1]")
+        _require(
+            isinstance(token_budget, int | np.integer) and token_budget >= 1,
+            "token_budget",
+            token_budget,
+            "an integer >= 1",
+        )
+        _require(
+            0 < attention_flops_efficiency <= 1,
+            "attention_flops_efficiency",
+            attention_flops_efficiency,
+            "a value in (0, 1]",
+        )
+        _require(
+            0 < decode_bandwidth_efficiency <= 1,
+            "decode_bandwidth_efficiency",
+            decode_bandwidth_efficiency,
+            "a value in (0, 1]",
+        )
         _require(step_overhead_s >= 0, "step_overhead_s", step_overhead_s, "a value >= 0")
         self.model, self.gpu, self.profile = model, gpu, profile
         self.token_budget = int(token_budget)
@@ -243,9 +285,9 @@ class StepTimeModel:
         self._table_s: list[float] = self._interpolate_s(np.arange(token_budget + 1)).tolist()
         self._attention_flops_per_s = gpu.peak_dense_bf16_flops * attention_flops_efficiency
         self._decode_s_per_context_token = model.kv_bytes_per_token / (
-            gpu.hbm_bytes_per_s * decode_bandwidth_efficiency)
-        self._attention_flops_per_token_pair = (
-            2 * FLOPS_PER_MAC * model.num_layers * model.num_q_heads * model.head_dim)
+            gpu.hbm_bytes_per_s * decode_bandwidth_efficiency
+        )
+        self._attention_flops_per_token_pair = 2 * FLOPS_PER_MAC * model.num_layers * model.num_q_heads * model.head_dim
 
     @classmethod
     def for_hardware(cls, model_name: str, gpu_name: str, **settings) -> StepTimeModel:
@@ -254,8 +296,10 @@ class StepTimeModel:
         return cls(model, gpu, profile_for(model, gpu), **settings)
 
     def __repr__(self) -> str:
-        return (f"StepTimeModel(model={self.model.name!r}, gpu={self.gpu.name!r}, "
-                f"token_budget={self.token_budget}, profile={self.profile.source!r})")
+        return (
+            f"StepTimeModel(model={self.model.name!r}, gpu={self.gpu.name!r}, "
+            f"token_budget={self.token_budget}, profile={self.profile.source!r})"
+        )
 
     def _interpolate_s(self, tokens: np.ndarray) -> np.ndarray:
         """Non-attention seconds at ``tokens`` (array): interpolate, extrapolate past the end.
@@ -300,14 +344,15 @@ class StepTimeModel:
         + decode_context_tokens × kv_bytes_per_token / (HBM B/s × decode_bandwidth_efficiency),
         where ``decode_context_tokens`` sums the KV lengths of all decoding requests.
         """
-        return (prefill_flops / self._attention_flops_per_s
-                + decode_context_tokens * self._decode_s_per_context_token)
+        return prefill_flops / self._attention_flops_per_s + decode_context_tokens * self._decode_s_per_context_token
 
     def step_s(self, num_tokens: int, prefill_flops: float, decode_context_tokens: int) -> float:
         """Seconds of one step: nonattention_s + attention_s + step_overhead_s."""
-        return (self.nonattention_s(num_tokens)
-                + self.attention_s(prefill_flops, decode_context_tokens)
-                + self.step_overhead_s)
+        return (
+            self.nonattention_s(num_tokens)
+            + self.attention_s(prefill_flops, decode_context_tokens)
+            + self.step_overhead_s
+        )
 
     def prefill_alone_s(self, new_tokens: int, context_tokens: int = 0) -> float:
         """Seconds to prefill ``new_tokens`` on an idle worker in chunks of ``token_budget``.
@@ -315,8 +360,12 @@ class StepTimeModel:
         Sum of :meth:`step_s` over the chunks; each chunk's context includes
         ``context_tokens`` (cached prefix) and the earlier chunks. 0 tokens → 0.
         """
-        _require(new_tokens >= 0 and context_tokens >= 0, "new_tokens, context_tokens",
-                 (new_tokens, context_tokens), "values >= 0")
+        _require(
+            new_tokens >= 0 and context_tokens >= 0,
+            "new_tokens, context_tokens",
+            (new_tokens, context_tokens),
+            "values >= 0",
+        )
         total_s, done = 0.0, 0
         while done < new_tokens:
             chunk = min(self.token_budget, new_tokens - done)
@@ -338,12 +387,9 @@ class StepTimeModel:
         Raises:
             ValueError: bad arguments, or no room for a single token (message names the values).
         """
-        _require(0 < gpu_memory_utilization <= 1, "gpu_memory_utilization",
-                 gpu_memory_utilization, "a value in (0, 1]")
-        _require(activation_reserve_bytes >= 0, "activation_reserve_bytes",
-                 activation_reserve_bytes, "a value >= 0")
-        free_bytes = (self.gpu.memory_bytes * gpu_memory_utilization
-                      - self.model.weight_bytes - activation_reserve_bytes)
+        _require(0 < gpu_memory_utilization <= 1, "gpu_memory_utilization", gpu_memory_utilization, "a value in (0, 1]")
+        _require(activation_reserve_bytes >= 0, "activation_reserve_bytes", activation_reserve_bytes, "a value >= 0")
+        free_bytes = self.gpu.memory_bytes * gpu_memory_utilization - self.model.weight_bytes - activation_reserve_bytes
         tokens = int(free_bytes // self.model.kv_bytes_per_token)
         if tokens <= 0:
             raise ValueError(
@@ -351,7 +397,8 @@ class StepTimeModel:
                 f"gpu_memory_utilization={gpu_memory_utilization} − "
                 f"weight_bytes={self.model.weight_bytes:.0f} − "
                 f"activation_reserve_bytes={activation_reserve_bytes} = {free_bytes:.0f} bytes, "
-                f"less than kv_bytes_per_token={self.model.kv_bytes_per_token}")
+                f"less than kv_bytes_per_token={self.model.kv_bytes_per_token}"
+            )
         return tokens
 
     def kv_capacity_blocks(

@@ -66,8 +66,12 @@ class ClusterConfig:
         _check(self.sample_interval_s > 0, "sample_interval_s", self.sample_interval_s, "a number > 0")
         _check(self.warmup_s >= 0, "warmup_s", self.warmup_s, "a number ≥ 0")
         for slow in self.slowdowns:
-            _check(0 <= slow.worker_id < len(self.fleet), "slowdown worker", slow.worker_id,
-                   f"a worker index in [0, {len(self.fleet) - 1}]")
+            _check(
+                0 <= slow.worker_id < len(self.fleet),
+                "slowdown worker",
+                slow.worker_id,
+                f"a worker index in [0, {len(self.fleet) - 1}]",
+            )
             _check(slow.factor > 0 and math.isfinite(slow.factor), "slowdown factor", slow.factor, "a number > 0")
 
     @property
@@ -92,10 +96,10 @@ def parse_fleet(spec: str | None, workers: int) -> tuple[str, ...]:
         return ("a100",) * workers
     fleet: list[str] = []
     for item in spec.split(","):
-        match = re.fullmatch(r"\s*([a-z0-9_-]+)\s*(?::\s*(\d+))?\s*", item)
+        match = re.fullmatch(r"\s*([A-Za-z0-9_-]+)\s*(?::\s*(\d+))?\s*", item)
         if not match:
             raise ValueError(f"fleet item {item!r}, expected GPU[:COUNT] such as 'a100:2'")
-        gpu, count = match.group(1), int(match.group(2) or 1)
+        gpu, count = match.group(1).lower(), int(match.group(2) or 1)
         if gpu not in GPUS:
             raise ValueError(f"fleet GPU {gpu!r}, expected one of {', '.join(GPUS.names())}")
         _check(count >= 1, "fleet count", count, "an integer ≥ 1")
@@ -120,4 +124,5 @@ def parse_slowdown(spec: str) -> Slowdown:
     except ValueError:
         raise ValueError(f"slowdown {spec!r}, expected numbers in WORKER:FACTOR[@T_S]") from None
     _check(from_s >= 0, "slowdown start", from_s, "a time ≥ 0 s")
+    _check(factor > 0 and math.isfinite(factor), "slowdown factor", factor, "a number > 0")
     return Slowdown(int(match.group(1)), factor, from_s)

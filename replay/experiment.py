@@ -104,11 +104,17 @@ def _recompute_squeeze(results: dict[str, ReplayResult]) -> str:
     extra_prefill_s = float((missed["actual_prefill_s"] - missed["pred_prefill_s"]).clip(lower=0).sum())
     kv_p90 = float(samples["kv_usage"].quantile(0.90)) if not samples.empty else 0.0
     idle_mean = float(samples["idle_cached_blocks"].mean()) if not samples.empty else 0.0
+    squeezed = kv_p90 > 0.9
+    verdict = "TRIGGERED" if len(missed) and squeezed else "not triggered"
     return (
-        f"Recompute of expected hits: {len(missed)} requests recomputed promised prefixes, "
-        f"{extra_prefill_s:.1f} s of prefill above prediction; active requests held P90 {kv_p90:.0%} of KV "
-        f"while idle cache averaged {idle_mean:.0f} blocks per worker — "
-        + ("idle cache is being squeezed by active requests." if kv_p90 > 0.9 else "KV is not saturated.")
+        f"Recompute of expected hits ({verdict}): {len(missed)} cost_aware requests recomputed promised "
+        f"prefixes, {extra_prefill_s:.1f} s of prefill above prediction. Active requests held P90 {kv_p90:.0%} "
+        f"of KV while idle cached blocks averaged {idle_mean:.0f} per worker: "
+        + (
+            "active requests squeeze the idle cache, so prefixes are evicted before their reuse."
+            if squeezed
+            else "KV is not saturated, so eviction is not forced by active requests."
+        )
     )
 
 
@@ -125,4 +131,3 @@ def run_experiment(
     configs = {name: summarise(res, base.workers) for name, res in results.items()}
     summary = {"configs": configs, "attribution": attribution(configs), "diagnosis": diagnose(configs, results)}
     return summary, results
-

@@ -19,7 +19,12 @@ from kvcost.replay.simulator import ReplayResult  # noqa: E402
 
 
 def log_replay(
-    store: LogStore, run_id: str, configuration: str, trace: str, params: dict, started_at: datetime,
+    store: LogStore,
+    run_id: str,
+    configuration: str,
+    trace: str,
+    params: dict,
+    started_at: datetime,
     result: ReplayResult,
 ) -> None:
     """Append one replay to the DuckDB log (``runs``, ``requests``, ``candidates``, ``worker_samples``)."""

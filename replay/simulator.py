@@ -47,8 +47,9 @@ class ReplayResult:
         candidates: one row per measured request × candidate worker (features and
             predicted terms), columns of ``candidates`` minus ``run_id``.
         worker_samples: worker load every ``sample_interval_s``.
-        utilisation: per worker, fraction of the measured span spent in steps
-            that carry prefill tokens, shape ``(n_workers,)``.
+        utilisation: per worker, fraction of the measured span (first measured
+            arrival → last completion) during which a request waited for its first
+            token, shape ``(n_workers,)``, in [0, 1].
         makespan_s: first measured arrival → last completion.
         rejected_requests: requests whose whole sequence needs more KV blocks than
             the chosen worker has at all (they could never be admitted); not served.
@@ -98,10 +99,11 @@ class ClusterSimulator:
     def run(self, trace: Trace, progress: Callable[[int], None] | None = None) -> ReplayResult:
         """Replay ``trace``; ``progress(n)`` is called with the number of newly completed requests."""
         if trace.block_size_tokens != self.block_size_tokens:
-            raise ValueError(
-                f"trace block_size_tokens = {trace.block_size_tokens}, expected {self.block_size_tokens}"
-            )
+            raise ValueError(f"trace block_size_tokens = {trace.block_size_tokens}, expected {self.block_size_tokens}")
         log = _Log(self.config, len(self.workers))
+        measured = [r.arrival_s for r in trace.requests if r.arrival_s >= self.config.warmup_s]
+        for worker in self.workers:
+            worker.measure_from_s = measured[0] if measured else math.inf
         steps: list[tuple[float, int, int]] = []
         requests = trace.requests
         next_arrival, next_sample = 0, 0.0
@@ -208,24 +210,55 @@ class _Log:
             e2e_s = r.finish_s + r.first_token_overhead_s - r.arrival_s
             mismatch = max(0, r.predicted_reuse_tokens - r.reused_tokens)
             self.rows.append(
-                (r.request_id, r.arrival_s, worker_id, r.input_tokens, r.output_tokens,
-                 r.predicted_reuse_tokens, r.reused_tokens, *pred.tolist(),
-                 queue_s, r.lookup_s, 0.0, prefill_s, r.first_token_overhead_s, ttft_s,
-                 tpot_s, e2e_s, mismatch)
+                (
+                    r.request_id,
+                    r.arrival_s,
+                    worker_id,
+                    r.input_tokens,
+                    r.output_tokens,
+                    r.predicted_reuse_tokens,
+                    r.reused_tokens,
+                    *pred.tolist(),
+                    queue_s,
+                    r.lookup_s,
+                    0.0,
+                    prefill_s,
+                    r.first_token_overhead_s,
+                    ttft_s,
+                    tpot_s,
+                    e2e_s,
+                    mismatch,
+                )
             )
 
     def sample(self, now: float, workers: list[SimWorker]) -> None:
         for w in workers:
             self.samples.append(
-                (now, w.worker_id, len(w.waiting) + len(w.prefilling), w.running_requests,
-                 w.queued_prefill_tokens, w.pool.usage(), w.pool.idle_blocks)
+                (
+                    now,
+                    w.worker_id,
+                    len(w.waiting) + len(w.prefilling),
+                    w.running_requests,
+                    w.queued_prefill_tokens,
+                    w.pool.usage(),
+                    w.pool.idle_blocks,
+                )
             )
 
     def result(self, workers: list[SimWorker]) -> ReplayResult:
         columns = [
-            "request_id", "arrival_s", "worker_id", "input_tokens", "output_tokens",
-            "predicted_reuse_tokens", "actual_reuse_tokens", *PRED_COLUMNS, *ACTUAL_COLUMNS,
-            "tpot_s", "e2e_s", "directory_mismatch_tokens",
+            "request_id",
+            "arrival_s",
+            "worker_id",
+            "input_tokens",
+            "output_tokens",
+            "predicted_reuse_tokens",
+            "actual_reuse_tokens",
+            *PRED_COLUMNS,
+            *ACTUAL_COLUMNS,
+            "tpot_s",
+            "e2e_s",
+            "directory_mismatch_tokens",
         ]
         requests = pd.DataFrame(self.rows, columns=columns).sort_values("request_id", ignore_index=True)
         makespan_s = max(0.0, self.last_finish_s - self.first_arrival_s) if self.rows else 0.0
@@ -235,10 +268,17 @@ class _Log:
             candidates=self._candidates(),
             worker_samples=pd.DataFrame(
                 self.samples,
-                columns=["t_s", "worker_id", "waiting_requests", "running_requests",
-                         "queued_prefill_tokens", "kv_usage", "idle_cached_blocks"],
+                columns=[
+                    "t_s",
+                    "worker_id",
+                    "waiting_requests",
+                    "running_requests",
+                    "queued_prefill_tokens",
+                    "kv_usage",
+                    "idle_cached_blocks",
+                ],
             ),
-            utilisation=busy / makespan_s if makespan_s > 0 else np.zeros(len(workers)),
+            utilisation=np.minimum(busy / makespan_s, 1.0) if makespan_s > 0 else np.zeros(len(workers)),
             makespan_s=makespan_s,
             rejected_requests=self.rejected,
         )

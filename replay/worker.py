@@ -102,10 +102,15 @@ class SimWorker:
         truth: ground-truth effects (jitter, slowdown, actual fixed costs).
         seed: seed of this worker's jitter stream.
 
+    ``measure_from_s`` (default 0) is the time from which steps count toward
+    ``prefill_busy_s``: the time of steps started while a request waited for its
+    first token (queued or in prefill), i.e. the prefill server's busy time.
+
     ``start_step(now_s)`` begins a step and returns its end time (or None when
     idle); ``finish_step(now_s)`` applies it and returns the requests that
-    finished. Events for the directory accumulate as ``(time_s, "stored" | "removed", hashes, parent_hash)`` in ``events`` until
-    the caller drains them.
+    finished. Events for the directory accumulate in ``events`` as
+    ``(time_s, "stored" | "removed", hashes, parent_hash)`` until the caller
+    drains them.
     """
 
     def __init__(
@@ -135,6 +140,7 @@ class SimWorker:
         self.step_end_s: float | None = None
         self.last_step_s = 0.0
         self.prefill_busy_s = 0.0
+        self.measure_from_s = 0.0
         self._chunks: list[tuple[SimRequest, int]] = []
         self.events: list[tuple[float, str, list[int], int | None]] = []
 
@@ -145,8 +151,18 @@ class SimWorker:
         return len(self._decoding)
 
     def snapshot(self, now_s: float) -> WorkerSnapshot:
-        """Load as the router sees it at ``now_s``."""
-        waiting = tuple((r.queued_tokens, r.computed_tokens) for r in self.prefilling)
+        """Load as the router sees it at ``now_s``.
+
+        Prefill tokens of the step now running are left out of ``waiting_prefill``
+        (their time is in ``step_remaining_s``); requests not yet admitted count
+        their remaining tokens net of the reuse the router predicted for them.
+        """
+        in_step = {id(r): n for r, n in self._chunks}  # being computed now: covered by step_remaining_s
+        waiting = tuple(
+            (r.queued_tokens - in_step.get(id(r), 0), r.computed_tokens + in_step.get(id(r), 0))
+            for r in self.prefilling
+            if r.queued_tokens > in_step.get(id(r), 0)
+        )
         waiting += tuple((r.queued_tokens, r.predicted_reuse_tokens) for r in self.waiting)
         return WorkerSnapshot(
             worker_id=self.worker_id,
@@ -195,7 +211,7 @@ class SimWorker:
         num_tokens = self.step_model.token_budget - budget
         step_s = self.step_model.step_s(num_tokens, flops, self.decode_context_tokens)
         step_s = step_s * self._next_jitter() * self._slowdown(now_s) + lookup_s
-        if chunks or self.waiting:
+        if (chunks or self.waiting) and now_s >= self.measure_from_s:
             self.prefill_busy_s += step_s
         self._chunks = chunks
         self.last_step_s = step_s
@@ -225,7 +241,9 @@ class SimWorker:
             self.events.append((now_s, "removed", evicted, None))
         before = request.queued_tokens
         request.allocation = allocation
-        request.reused_tokens = reusable_tokens_for(allocation.reused_blocks, self.block_size_tokens, request.input_tokens)
+        request.reused_tokens = reusable_tokens_for(
+            allocation.reused_blocks, self.block_size_tokens, request.input_tokens
+        )
         request.computed_tokens = request.reused_tokens
         self.queued_prefill_tokens += request.queued_tokens - before
         request.admitted_s = now_s

@@ -166,8 +166,7 @@ class CacheDirectory:
                 depth[worker_id] = i + 1
                 tier[worker_id] = node.holders[worker_id]
         return [
-            DirectoryMatch(w, depth[w], tier[w], now_s - self._last_event_s.get(w, float("-inf")))
-            for w in worker_ids
+            DirectoryMatch(w, depth[w], tier[w], now_s - self._last_event_s.get(w, float("-inf"))) for w in worker_ids
         ]
 
     def num_blocks(self, namespace: Namespace | None = None) -> int:

@@ -1,28 +1,44 @@
 """Shared fixtures: a tiny step-time model with round numbers and a worker snapshot factory."""
 
 import pytest
+
 from kvcost.data.profiles import OperatorProfile
 from kvcost.models.hardware import GpuSpec, ModelSpec, StepTimeModel
 from kvcost.serving.types import WorkerSnapshot
 
 # One layer, one head of dim 1: 4 attention FLOPs per (new, context) token pair and
 # 2 × 1 × 1 × 1 × 2 = 4 KV bytes per token.
-LINEAR_MODEL = ModelSpec(name="linear", num_layers=1, num_q_heads=1, num_kv_heads=1, head_dim=1,
-                         hidden_size=1, num_params=1, dtype_bytes=2, profile_dir="none")
+LINEAR_MODEL = ModelSpec(
+    name="linear",
+    num_layers=1,
+    num_q_heads=1,
+    num_kv_heads=1,
+    head_dim=1,
+    hidden_size=1,
+    num_params=1,
+    dtype_bytes=2,
+    profile_dir="none",
+)
 # 4e12 FLOP/s → 1e-12 s per token pair; 4e6 B/s → 1e-6 s per decode context token.
-LINEAR_GPU = GpuSpec(name="linear-gpu", memory_bytes=2**30, peak_dense_bf16_flops=4e12,
-                     hbm_bytes_per_s=4e6)
+LINEAR_GPU = GpuSpec(name="linear-gpu", memory_bytes=2**30, peak_dense_bf16_flops=4e12, hbm_bytes_per_s=4e6)
 # Non-attention time is exactly 1 µs per batch token (linear through both points).
-LINEAR_PROFILE = OperatorProfile(num_tokens=[1, 8192], per_layer_s=[1e-6, 8192e-6],
-                                 once_s=[0.0, 0.0], source="hand-made linear")
+LINEAR_PROFILE = OperatorProfile(
+    num_tokens=[1, 8192], per_layer_s=[1e-6, 8192e-6], once_s=[0.0, 0.0], source="hand-made linear"
+)
 
 
 @pytest.fixture(scope="session")
 def linear_step_model() -> StepTimeModel:
     """Step = 1 µs × tokens + 1e-12 s × prefill pairs + 1e-6 s × decode context + 1 ms; budget 8192."""
-    return StepTimeModel(LINEAR_MODEL, LINEAR_GPU, LINEAR_PROFILE, token_budget=8192,
-                         attention_flops_efficiency=1.0, decode_bandwidth_efficiency=1.0,
-                         step_overhead_s=1e-3)
+    return StepTimeModel(
+        LINEAR_MODEL,
+        LINEAR_GPU,
+        LINEAR_PROFILE,
+        token_budget=8192,
+        attention_flops_efficiency=1.0,
+        decode_bandwidth_efficiency=1.0,
+        step_overhead_s=1e-3,
+    )
 
 
 @pytest.fixture
@@ -30,9 +46,16 @@ def make_snapshot():
     """Factory for an idle ``WorkerSnapshot`` on GPU type ``"linear-gpu"``; override any field."""
 
     def make(worker_id: int, **fields) -> WorkerSnapshot:
-        defaults = dict(gpu="linear-gpu", waiting_prefill=(), running_requests=0,
-                        decode_context_tokens=0, kv_usage=0.0, idle_cached_blocks=0,
-                        recent_step_s=0.0, step_remaining_s=0.0)
+        defaults = dict(
+            gpu="linear-gpu",
+            waiting_prefill=(),
+            running_requests=0,
+            decode_context_tokens=0,
+            kv_usage=0.0,
+            idle_cached_blocks=0,
+            recent_step_s=0.0,
+            step_remaining_s=0.0,
+        )
         return WorkerSnapshot(worker_id=worker_id, **(defaults | fields))
 
     return make

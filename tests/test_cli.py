@@ -45,8 +45,19 @@ def test_seed_changes_the_result(tmp_path):
 
 def test_replay_runs_one_configuration(tmp_path):
     out = tmp_path / "r"
-    args = ["replay", "--policy", "round_robin", "--cache", "off", "--duration-s", "20", "--out", str(out),
-            "--db", str(tmp_path / "log.duckdb")]
+    args = [
+        "replay",
+        "--policy",
+        "round_robin",
+        "--cache",
+        "off",
+        "--duration-s",
+        "20",
+        "--out",
+        str(out),
+        "--db",
+        str(tmp_path / "log.duckdb"),
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())

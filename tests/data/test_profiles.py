@@ -7,6 +7,7 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 import pytest
+
 from kvcost.data.profiles import (
     BUNDLED_COLUMNS,
     BUNDLED_VIDUR_FILES,
@@ -22,8 +23,15 @@ VIDUR_ROOT = resources.files("kvcost.data") / "bundled" / "profiles" / "vidur"
 
 
 def _row(num_tokens, tp, ms):
-    row = {"num_tokens": num_tokens, "num_tensor_parallel_workers": tp, "n_head": 32,
-           "n_kv_head": 8, "n_embd": 4096, "n_expanded_embd": 14336, "vocab_size": 128256}
+    row = {
+        "num_tokens": num_tokens,
+        "num_tensor_parallel_workers": tp,
+        "n_head": 32,
+        "n_kv_head": 8,
+        "n_embd": 4096,
+        "n_expanded_embd": 14336,
+        "vocab_size": 128256,
+    }
     for col in BUNDLED_COLUMNS:
         if col.startswith("time_stats."):
             row[col] = ms
@@ -33,7 +41,10 @@ def _row(num_tokens, tp, ms):
 
 def test_bundled_files_and_licence_exist():
     assert available_vidur_profiles() == [
-        ("a100", "Llama-2-7b-hf"), ("a100", "Meta-Llama-3-8B"), ("h100", "Llama-2-7b-hf")]
+        ("a100", "Llama-2-7b-hf"),
+        ("a100", "Meta-Llama-3-8B"),
+        ("h100", "Llama-2-7b-hf"),
+    ]
     assert (VIDUR_ROOT / "LICENSE-SOURCE.txt").read_text().count("MIT License") == 1
     notice = (resources.files("kvcost.data") / "bundled" / "NOTICE-profiles.md").read_text()
     assert "7d47513363ec447a741ac5e47241580b47724fbf" in notice
@@ -51,8 +62,9 @@ def test_load_matches_hand_computation_from_csv():
     rel = "compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv"
     with VIDUR_ROOT.joinpath(*rel.split("/")).open() as handle:
         rows = [r for r in csv.DictReader(handle) if r["num_tokens"] == "512"]
-    per_op = {op: statistics.median(float(r[f"time_stats.{op}.median"]) for r in rows)
-              for op in ("emb", *PER_LAYER_OP_COUNTS)}
+    per_op = {
+        op: statistics.median(float(r[f"time_stats.{op}.median"]) for r in rows) for op in ("emb", *PER_LAYER_OP_COUNTS)
+    }
     expected_layer_s = 1e-3 * (sum(per_op[op] for op in PER_LAYER_OP_COUNTS) + per_op["add"])
     profile = load_vidur_profile("a100", "Meta-Llama-3-8B")
     i = int(np.searchsorted(profile.num_tokens, 512))
@@ -62,8 +74,9 @@ def test_load_matches_hand_computation_from_csv():
     assert profile.source == "vidur/" + rel
 
 
-@pytest.mark.parametrize("gpu, model", [("a100", "Meta-Llama-3-8B"), ("a100", "Llama-2-7b-hf"),
-                                        ("h100", "Llama-2-7b-hf")])
+@pytest.mark.parametrize(
+    "gpu, model", [("a100", "Meta-Llama-3-8B"), ("a100", "Llama-2-7b-hf"), ("h100", "Llama-2-7b-hf")]
+)
 def test_loaded_profiles_are_well_formed(gpu, model):
     p = load_vidur_profile(gpu, model)
     assert p.num_tokens.dtype == np.int64 and p.per_layer_s.dtype == np.float64

@@ -73,4 +73,4 @@ def test_candidates_table_carries_the_feature_spec():
 
 def test_closed_store_refuses_reads(tmp_path):
     with pytest.raises(RuntimeError, match="not open"):
-        LogStore(tmp_path / "x.duckdb").connection
+        _ = LogStore(tmp_path / "x.duckdb").connection

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from kvcost.data.traces import (
     MISSING,
     TRACE_LOADERS,
@@ -20,9 +21,7 @@ from kvcost.data.traces import (
 
 
 def _line(ts, n_in, n_out, ids, **extra) -> str:
-    return json.dumps(
-        {"timestamp": ts, "input_length": n_in, "output_length": n_out, "hash_ids": ids, **extra}
-    )
+    return json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out, "hash_ids": ids, **extra})
 
 
 def _write(tmp_path: Path, lines: list[str], name: str = "t.jsonl") -> Path:
@@ -96,9 +95,7 @@ def _error(tmp_path, bad_line: str, **kwargs) -> TraceFormatError:
 def test_error_malformed_json(tmp_path):
     err = _error(tmp_path, '{"timestamp": 5,')
     assert (err.field, err.value) == ("<line>", '{"timestamp": 5,')
-    assert str(err).startswith(
-        """t.jsonl line 2: field '<line>' = '{"timestamp": 5,', expected a JSON object ("""
-    )
+    assert str(err).startswith("""t.jsonl line 2: field '<line>' = '{"timestamp": 5,', expected a JSON object (""")
 
 
 def test_error_not_an_object(tmp_path):
@@ -109,9 +106,7 @@ def test_error_not_an_object(tmp_path):
 def test_error_missing_field(tmp_path):
     err = _error(tmp_path, json.dumps({"timestamp": 2000, "input_length": 8, "hash_ids": [0, 1]}))
     assert (err.field, err.value, err.expected) == ("output_length", MISSING, "a positive integer")
-    assert (
-        str(err) == "t.jsonl line 2: field 'output_length' is missing, expected a positive integer"
-    )
+    assert str(err) == "t.jsonl line 2: field 'output_length' is missing, expected a positive integer"
 
 
 def test_error_negative_value(tmp_path):
@@ -150,8 +145,7 @@ def test_error_backwards_timestamp(tmp_path):
     err = _error(tmp_path, _line(999, 8, 1, [0, 1]))
     assert (err.field, err.value) == ("timestamp", 999)
     assert str(err) == (
-        "t.jsonl line 2: field 'timestamp' = 999, expected a value ≥ 1000 "
-        "(the previous accepted line's timestamp)"
+        "t.jsonl line 2: field 'timestamp' = 999, expected a value ≥ 1000 (the previous accepted line's timestamp)"
     )
 
 
@@ -294,9 +288,7 @@ def test_window_and_rate_scale_exact(tmp_path):
 
 def test_empty_window_is_an_error(tmp_path):
     path = _mooncake_ms(tmp_path, [0, 1000])
-    with pytest.raises(
-        ValueError, match=r"empty after windowing: no request arrives in \[5 s, 6 s\)"
-    ):
+    with pytest.raises(ValueError, match=r"empty after windowing: no request arrives in \[5 s, 6 s\)"):
         load_trace(path, block_size_tokens=4, start_s=5.0, duration_s=1.0)
 
 
@@ -319,9 +311,7 @@ def test_option_validation(tmp_path, kwargs, message):
 
 def test_unknown_suffix_and_missing_file(tmp_path):
     path = _write(tmp_path, [_line(0, 4, 1, [0])], "t.txt")
-    with pytest.raises(
-        ValueError, match=r"t\.txt: unknown suffix '\.txt'; expected \.jsonl or \.json"
-    ):
+    with pytest.raises(ValueError, match=r"t\.txt: unknown suffix '\.txt'; expected \.jsonl or \.json"):
         load_trace(path)
     with pytest.raises(FileNotFoundError, match="neither a file nor a bundled trace"):
         load_trace(tmp_path / "nope.jsonl")
@@ -376,9 +366,7 @@ def test_no_spread_when_disabled_or_not_bucketed(tmp_path):
 def test_window_applies_to_spread_timeline(tmp_path):
     path = _mooncake_ms(tmp_path, BUCKETED_MS)
     full = _arrivals(path, spread_seed=3)
-    t = load_trace(
-        path, block_size_tokens=4, spread_seed=3, start_s=3.0, duration_s=3.0, rate_scale=2.0
-    )
+    t = load_trace(path, block_size_tokens=4, spread_seed=3, start_s=3.0, duration_s=3.0, rate_scale=2.0)
     assert [r.request_id for r in t.requests] == [4, 5, 6]
     assert [r.arrival_s for r in t.requests] == [(a - 3.0) / 2.0 for a in full[4:7]]
 

@@ -2,22 +2,31 @@
 
 import numpy as np
 import pytest
+
 from kvcost.features.build import build_features
 from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 from kvcost.serving.directory import DirectoryMatch, Namespace
 from kvcost.serving.types import RouteRequest
 
-REQUEST = RouteRequest(request_id=7, arrival_s=3.0, input_tokens=1100, block_hashes=(1, 2),
-                       namespace=Namespace("linear"))
+REQUEST = RouteRequest(
+    request_id=7, arrival_s=3.0, input_tokens=1100, block_hashes=(1, 2), namespace=Namespace("linear")
+)
 
 
 @pytest.fixture
 def case(linear_step_model, make_snapshot):
     """Worker 0: holds 1 block in CPU, 1000 tokens queued, 2 decoding; worker 1: idle, no match."""
-    busy = make_snapshot(0, waiting_prefill=((1000, 0),), running_requests=2,
-                         decode_context_tokens=1000, kv_usage=0.25, idle_cached_blocks=7,
-                         recent_step_s=0.02, step_remaining_s=0.005)
+    busy = make_snapshot(
+        0,
+        waiting_prefill=((1000, 0),),
+        running_requests=2,
+        decode_context_tokens=1000,
+        kv_usage=0.25,
+        idle_cached_blocks=7,
+        recent_step_s=0.02,
+        step_remaining_s=0.005,
+    )
     idle = make_snapshot(1)
     matches = [DirectoryMatch(0, 1, "cpu", 2.0), DirectoryMatch(1, 0, "none", float("inf"))]
     return [busy, idle], matches, [512, 0], {"linear-gpu": linear_step_model}
@@ -65,8 +74,14 @@ def test_shape_and_exact_columns(case):
 def test_tier_is_zero_without_reusable_tokens(linear_step_model, make_snapshot):
     # the directory reports a GPU block, but a 1-token prompt reuses nothing
     request = RouteRequest(0, 0.0, 1, (5,), Namespace("linear"))
-    x = build_features(request, [make_snapshot(0)], [DirectoryMatch(0, 1, "gpu", 0.0)], [0],
-                       {"linear-gpu": linear_step_model}, NominalCosts())
+    x = build_features(
+        request,
+        [make_snapshot(0)],
+        [DirectoryMatch(0, 1, "gpu", 0.0)],
+        [0],
+        {"linear-gpu": linear_step_model},
+        NominalCosts(),
+    )
     assert x[0, FEATURE_INDEX["reusable_tier"]] == 0.0
 
 

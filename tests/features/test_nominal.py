@@ -5,6 +5,7 @@ token pair + 1 µs per decode context token + 1 ms overhead; budget 8192.
 """
 
 import pytest
+
 from kvcost.features.nominal import NominalCosts, queue_and_prefill_s
 
 

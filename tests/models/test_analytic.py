@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 from kvcost.models.analytic import AnalyticCostModel
 
@@ -16,11 +17,18 @@ def features(rows):
 
 
 def test_reads_nominal_columns_and_composes():
-    x = features([
-        {"nominal_queue_s": 0.25, "nominal_lookup_s": 0.005, "nominal_prefill_s": 0.015,
-         "input_tokens": 9000, "reusable_tokens": 8192},
-        {"nominal_queue_s": 0.03, "nominal_prefill_s": 0.18, "nominal_first_token_s": 0.002},
-    ])
+    x = features(
+        [
+            {
+                "nominal_queue_s": 0.25,
+                "nominal_lookup_s": 0.005,
+                "nominal_prefill_s": 0.015,
+                "input_tokens": 9000,
+                "reusable_tokens": 8192,
+            },
+            {"nominal_queue_s": 0.03, "nominal_prefill_s": 0.18, "nominal_first_token_s": 0.002},
+        ]
+    )
     p = AnalyticCostModel().predict(x)
     assert p.queue_s.tolist() == [0.25, 0.03]
     assert p.lookup_s.tolist() == [0.005, 0.0]

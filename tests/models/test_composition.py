@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from kvcost.models.composition import TERMS, TermPredictions, compose_ttft_s
 
 
@@ -40,9 +41,13 @@ def test_arrays_elementwise():
 
 
 def test_term_predictions_ttft_and_matrix():
-    p = TermPredictions(queue_s=np.array([0.25, 0.03]), lookup_s=np.array([0.005, 0.0]),
-                        transfer_s=np.array([0.0, 0.05]), prefill_s=np.array([0.015, 0.18]),
-                        first_token_s=np.array([0.0, 0.001]))
+    p = TermPredictions(
+        queue_s=np.array([0.25, 0.03]),
+        lookup_s=np.array([0.005, 0.0]),
+        transfer_s=np.array([0.0, 0.05]),
+        prefill_s=np.array([0.015, 0.18]),
+        first_token_s=np.array([0.0, 0.001]),
+    )
     assert p.ttft_s.tolist() == pytest.approx([0.27, 0.231])  # cold: max(0.03, 0.05) + 0.181
     m = p.as_matrix()
     assert m.shape == (2, len(TERMS) + 1) == (2, 6)

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from kvcost.data.profiles import OperatorProfile, load_vidur_profile
 from kvcost.models.hardware import (
     GIB_BYTES,
@@ -14,18 +15,28 @@ from kvcost.models.hardware import (
     profile_for,
 )
 
-TINY_MODEL = ModelSpec(name="tiny", num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=8,
-                       hidden_size=32, num_params=1000, dtype_bytes=2, profile_dir="none")
-TINY_GPU = GpuSpec(name="tiny-gpu", memory_bytes=1_000_000, peak_dense_bf16_flops=1e9,
-                   hbm_bytes_per_s=1e6)
+TINY_MODEL = ModelSpec(
+    name="tiny",
+    num_layers=2,
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    hidden_size=32,
+    num_params=1000,
+    dtype_bytes=2,
+    profile_dir="none",
+)
+TINY_GPU = GpuSpec(name="tiny-gpu", memory_bytes=1_000_000, peak_dense_bf16_flops=1e9, hbm_bytes_per_s=1e6)
 # step totals (2 layers × per_layer + once): [2.1e-3, 4.2e-3, 8.3e-3] s at [1, 8, 16] tokens
-TINY_PROFILE = OperatorProfile(num_tokens=[1, 8, 16], per_layer_s=[1e-3, 2e-3, 4e-3],
-                               once_s=[1e-4, 2e-4, 3e-4], source="hand-made")
+TINY_PROFILE = OperatorProfile(
+    num_tokens=[1, 8, 16], per_layer_s=[1e-3, 2e-3, 4e-3], once_s=[1e-4, 2e-4, 3e-4], source="hand-made"
+)
 
 
 def tiny(**settings):
-    defaults = dict(token_budget=16, attention_flops_efficiency=0.5,
-                    decode_bandwidth_efficiency=0.5, step_overhead_s=1e-3)
+    defaults = dict(
+        token_budget=16, attention_flops_efficiency=0.5, decode_bandwidth_efficiency=0.5, step_overhead_s=1e-3
+    )
     return StepTimeModel(TINY_MODEL, TINY_GPU, TINY_PROFILE, **(defaults | settings))
 
 
@@ -106,22 +117,23 @@ def test_kv_capacity_llama_3_8b_a100():
     assert m.kv_capacity_blocks(512) == 450911 // 512
 
 
-@pytest.mark.parametrize("field, value, expectation", [
-    ("token_budget", 0, "an integer >= 1"),
-    ("attention_flops_efficiency", 1.5, r"a value in \(0, 1\]"),
-    ("decode_bandwidth_efficiency", 0.0, r"a value in \(0, 1\]"),
-    ("step_overhead_s", -0.001, "a value >= 0"),
-])
+@pytest.mark.parametrize(
+    "field, value, expectation",
+    [
+        ("token_budget", 0, "an integer >= 1"),
+        ("attention_flops_efficiency", 1.5, r"a value in \(0, 1\]"),
+        ("decode_bandwidth_efficiency", 0.0, r"a value in \(0, 1\]"),
+        ("step_overhead_s", -0.001, "a value >= 0"),
+    ],
+)
 def test_validation_messages(field, value, expectation):
     with pytest.raises(ValueError, match=f"{field} = {value!r}: expected {expectation}"):
         tiny(**{field: value})
 
 
 def test_derived_profile_ratio_by_hand():
-    ref_base = OperatorProfile(num_tokens=[1, 8], per_layer_s=[2e-3, 4e-3], once_s=[1e-4, 1e-4],
-                               source="ref-a100")
-    ref_target = OperatorProfile(num_tokens=[1, 8], per_layer_s=[1e-3, 1e-3],
-                                 once_s=[5e-5, 2.5e-5], source="ref-h100")
+    ref_base = OperatorProfile(num_tokens=[1, 8], per_layer_s=[2e-3, 4e-3], once_s=[1e-4, 1e-4], source="ref-a100")
+    ref_target = OperatorProfile(num_tokens=[1, 8], per_layer_s=[1e-3, 1e-3], once_s=[5e-5, 2.5e-5], source="ref-h100")
     out = derived_profile(TINY_PROFILE, ref_base, ref_target)
     assert out.num_tokens.tolist() == [1, 8, 16]
     # ratios 0.5 at 1, 0.25 at 8, and beyond the reference's last point the ratio at 8

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from kvcost.serving.directory import CacheDirectory, DirectoryMatch, Namespace, reusable_tokens_for
 
 NS = Namespace("llama-3-8b")
@@ -62,14 +63,17 @@ def test_clear_worker_in_every_namespace():
     assert d.match(NS, [1], [0], now_s=7.0)[0].age_s == 2.0
 
 
-@pytest.mark.parametrize("other", [
-    Namespace("llama-3-8b", revision="v2"),
-    Namespace("llama-3-8b", adapter="sql-lora"),
-    Namespace("llama-3-8b", block_size_tokens=256),
-    Namespace("llama-3-8b", kv_layout="fp8-tp2"),
-    Namespace("llama-3-8b", cache_salt="tenant-b"),
-    Namespace("llama-2-7b"),
-])
+@pytest.mark.parametrize(
+    "other",
+    [
+        Namespace("llama-3-8b", revision="v2"),
+        Namespace("llama-3-8b", adapter="sql-lora"),
+        Namespace("llama-3-8b", block_size_tokens=256),
+        Namespace("llama-3-8b", kv_layout="fp8-tp2"),
+        Namespace("llama-3-8b", cache_salt="tenant-b"),
+        Namespace("llama-2-7b"),
+    ],
+)
 def test_namespaces_are_isolated(other):
     d = CacheDirectory()
     d.apply_stored(NS, 0, [1, 2], parent_hash=None, tier="gpu", now_s=0.0)
@@ -101,12 +105,15 @@ def test_empty_request_and_empty_directory():
     assert depths(d, [1, 2]) == [0, 0, 0]
 
 
-@pytest.mark.parametrize("blocks, input_tokens, expected", [
-    (0, 100, 0),
-    (1, 1024, 512),
-    (2, 1024, 1023),  # fully cached prompt: the last token is still computed
-    (3, 1024, 1023),  # stale directory claiming more blocks than the prompt has
-    (2, 1, 0),
-])
+@pytest.mark.parametrize(
+    "blocks, input_tokens, expected",
+    [
+        (0, 100, 0),
+        (1, 1024, 512),
+        (2, 1024, 1023),  # fully cached prompt: the last token is still computed
+        (3, 1024, 1023),  # stale directory claiming more blocks than the prompt has
+        (2, 1, 0),
+    ],
+)
 def test_reusable_tokens_capped_at_input_minus_one(blocks, input_tokens, expected):
     assert reusable_tokens_for(blocks, 512, input_tokens) == expected

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from kvcost.models.composition import TermPredictions
 from kvcost.serving.directory import Namespace
 from kvcost.serving.policies import ROUTER_POLICIES, PolicyContext, make_policy
@@ -13,9 +14,13 @@ REQUEST = RouteRequest(0, 0.0, 1000, (1,), Namespace("linear"))
 def context(make_snapshot, queue_s, prefill_s, reusable=None, load=None, allowed=None):
     n = len(queue_s)
     zeros = np.zeros(n)
-    predictions = TermPredictions(queue_s=np.array(queue_s, dtype=float), lookup_s=zeros,
-                                  transfer_s=zeros, prefill_s=np.array(prefill_s, dtype=float),
-                                  first_token_s=zeros)
+    predictions = TermPredictions(
+        queue_s=np.array(queue_s, dtype=float),
+        lookup_s=zeros,
+        transfer_s=zeros,
+        prefill_s=np.array(prefill_s, dtype=float),
+        first_token_s=zeros,
+    )
     return PolicyContext(
         request=REQUEST,
         snapshots=tuple(make_snapshot(10 + i) for i in range(n)),
@@ -31,7 +36,8 @@ def test_registry_names_and_unknown():
     with pytest.raises(KeyError) as err:
         make_policy("random")
     assert err.value.args[0] == (
-        "unknown router policy 'random'; expected one of: cost_aware, least_loaded, round_robin")
+        "unknown router policy 'random'; expected one of: cost_aware, least_loaded, round_robin"
+    )
 
 
 def test_make_policy_gives_fresh_instances():
@@ -66,8 +72,7 @@ def test_cost_aware_min_ttft_and_reason_names_best_hit_worker(make_snapshot):
 
 
 def test_cost_aware_respects_skew_mask(make_snapshot):
-    ctx = context(make_snapshot, [0.0, 0.1, 0.2], [0.0] * 3, reusable=[512, 0, 0],
-                  allowed=[False, True, True])
+    ctx = context(make_snapshot, [0.0, 0.1, 0.2], [0.0] * 3, reusable=[512, 0, 0], allowed=[False, True, True])
     index, reason = make_policy("cost_aware").choose(ctx)
     assert index == 1
     assert reason.endswith("best-hit worker 10 not chosen (skew limit)")

@@ -1,0 +1,253 @@
+"""Tests for kvcost.replay.simulator.ClusterSimulator through ``run(trace)`` and ReplayResult."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvcost.data.profiles import OperatorProfile
+from kvcost.data.traces import Trace, TraceRequest
+from kvcost.models.hardware import GpuSpec, ModelSpec, StepTimeModel
+from kvcost.replay.config import ClusterConfig
+from kvcost.replay.simulator import ClusterSimulator, ReplayResult
+from kvcost.serving.router import RouterSettings
+
+BLOCK = 16
+TERM_COLUMNS = ["actual_queue_s", "actual_lookup_s", "actual_transfer_s", "actual_prefill_s", "actual_first_token_s"]
+
+
+def make_trace(requests, block_size_tokens: int = BLOCK) -> Trace:
+    """``requests``: (arrival_s, input_tokens, output_tokens, block_hashes); ids are the list index."""
+    rows = tuple(TraceRequest(i, float(t), n_in, n_out, tuple(h)) for i, (t, n_in, n_out, h) in enumerate(requests))
+    return Trace(
+        name="tiny",
+        source="test",
+        loader="mooncake",
+        block_size_tokens=block_size_tokens,
+        requests=rows,
+        skipped_lines=0,
+        spread_bucket_s=None,
+        rate_scale=1.0,
+        start_s=0.0,
+        duration_s=None,
+    )
+
+
+def blocks(prefix: range, unique_start: int, input_tokens: int, block: int = BLOCK) -> tuple[int, ...]:
+    """``ceil(input / block)`` hashes: the shared ``prefix`` ids, then fresh ids from ``unique_start``."""
+    n = -(-input_tokens // block)
+    shared = list(prefix)[:n]
+    return tuple(shared) + tuple(range(unique_start, unique_start + n - len(shared)))
+
+
+def run(trace: Trace, **config) -> ReplayResult:
+    settings = dict(fleet=("a100",), jitter_sigma=0.0) | config
+    return ClusterSimulator(ClusterConfig(**settings), trace.block_size_tokens).run(trace)
+
+
+def busy_trace() -> Trace:
+    """10 requests in 0.45 s, half behind a shared 60-block system prompt: queues build up."""
+    system = range(1, 61)
+    reqs = []
+    for i, (n_in, n_out) in enumerate(
+        [
+            (2000, 40),
+            (3100, 20),
+            (1500, 60),
+            (4000, 30),
+            (2600, 50),
+            (5200, 10),
+            (1800, 80),
+            (3300, 25),
+            (6000, 15),
+            (2200, 45),
+        ]
+    ):
+        prefix = system if i % 2 == 0 else range(0)
+        reqs.append((0.05 * i, n_in, n_out, blocks(prefix, 1000 * (i + 1), n_in)))
+    return make_trace(reqs)
+
+
+def test_trace_block_size_must_match():
+    sim = ClusterSimulator(ClusterConfig(fleet=("a100",)), 32)
+    with pytest.raises(ValueError) as err:
+        sim.run(make_trace([]))
+    assert str(err.value) == "trace block_size_tokens = 16, expected 32"
+
+
+# -- exact times with a hand-made step model ------------------------------------------------
+UNIT_MODEL = ModelSpec(
+    name="unit",
+    num_layers=1,
+    num_q_heads=1,
+    num_kv_heads=1,
+    head_dim=1,
+    hidden_size=1,
+    num_params=1,
+    dtype_bytes=2,
+    profile_dir="none",
+)
+UNIT_GPU = GpuSpec(name="a100", memory_bytes=2**30, peak_dense_bf16_flops=4e6, hbm_bytes_per_s=4e5)
+UNIT_PROFILE = OperatorProfile(
+    num_tokens=[1, 100], per_layer_s=[1e-3, 0.1], once_s=[0.0, 0.0], source="hand-made 1 ms per token"
+)
+
+
+def test_exact_terms_with_a_hand_made_step_model(monkeypatch):
+    """Step = 1 ms × tokens + 1 µs × prefill pairs + 10 µs × decode context + 1 ms (as in test_worker).
+
+    The simulator's workers use the default costs: lookup 0.2 ms + 10 µs per full block, F = 2 ms.
+    """
+
+    def unit_for_hardware(cls, model_name, gpu_name, **settings):
+        return cls(
+            UNIT_MODEL,
+            UNIT_GPU,
+            UNIT_PROFILE,
+            attention_flops_efficiency=1.0,
+            decode_bandwidth_efficiency=1.0,
+            step_overhead_s=1e-3,
+            **settings,
+        )
+
+    monkeypatch.setattr(StepTimeModel, "for_hardware", classmethod(unit_for_hardware))
+    trace = make_trace([(1.0, 45, 3, (1, 2, 3, 4, 5)), (5.0, 52, 1, (1, 2, 3, 7, 8, 9))], block_size_tokens=10)
+    result = run(trace, token_budget=100, kv_capacity_blocks=100, sample_interval_s=10.0)
+    req = result.requests
+    assert req["request_id"].tolist() == [0, 1]
+    assert req["worker_id"].tolist() == [0, 0]
+    assert req["predicted_reuse_tokens"].tolist() == [0, 30]
+    assert req["actual_reuse_tokens"].tolist() == [0, 30]
+    assert req["directory_mismatch_tokens"].tolist() == [0, 0]
+    expected = {
+        # request 0: 45 tokens from scratch: 45 ms + 45 × 23 µs + 1 ms; 4 full blocks looked up
+        "actual_queue_s": [0.0, 0.0],
+        "actual_lookup_s": [0.00024, 0.00025],
+        "actual_transfer_s": [0.0, 0.0],
+        # request 1: 22 tokens after 30 reused: 22 ms + 22 × 41.5 µs + 1 ms
+        "actual_prefill_s": [0.047035, 0.023913],
+        "actual_first_token_s": [0.002, 0.002],
+        "actual_ttft_s": [0.049275, 0.026163],
+        # 2 decode steps at context 46 and 47: 2 ms + 0.46 ms and 2 ms + 0.47 ms
+        "tpot_s": [0.004930 / 2, math.nan],
+        "e2e_s": [0.049275 + 0.00493, 0.026163],
+    }
+    for column, values in expected.items():
+        assert req[column].tolist() == pytest.approx(values, abs=1e-12, nan_ok=True), column
+    # idle worker, no jitter: the analytic prediction is the actual time, term by term
+    for term in ("queue", "lookup", "transfer", "prefill", "first_token", "ttft"):
+        assert req[f"pred_{term}_s"].tolist() == pytest.approx(req[f"actual_{term}_s"].tolist(), abs=1e-12)
+    assert result.makespan_s == pytest.approx(5.026163 - 2e-3 - 1.0, abs=1e-12)
+    assert result.candidates["request_id"].tolist() == [0, 1]
+    assert result.candidates["chosen"].tolist() == [True, True]
+    assert result.worker_samples["t_s"].tolist() == [0.0]  # the next sample (10 s) is after the last event
+
+
+# -- TTFT composition and determinism on real profiles ---------------------------------------
+def test_actual_terms_sum_to_ttft_for_every_request():
+    result = run(busy_trace(), fleet=("a100", "h100"))
+    req = result.requests
+    assert req["request_id"].tolist() == list(range(10))
+    assert (req["actual_queue_s"] > 0).sum() >= 3  # the case is not trivially idle
+    assert req["actual_reuse_tokens"].sum() > 0
+    assert set(req["worker_id"]) == {0, 1}
+    assert (req["actual_transfer_s"] == 0.0).all()
+    total = req[TERM_COLUMNS].sum(axis=1).to_numpy()
+    np.testing.assert_allclose(total, req["actual_ttft_s"].to_numpy(), rtol=0, atol=1e-12)
+    assert (req[TERM_COLUMNS] >= 0).all().all()
+
+
+def test_same_seed_same_result_other_seed_other_times():
+    config = dict(fleet=("a100", "h100"), jitter_sigma=0.1)
+    first = run(busy_trace(), seed=7, **config)
+    second = run(busy_trace(), seed=7, **config)
+    pd.testing.assert_frame_equal(first.requests, second.requests)
+    pd.testing.assert_frame_equal(first.candidates, second.candidates)
+    pd.testing.assert_frame_equal(first.worker_samples, second.worker_samples)
+    np.testing.assert_array_equal(first.utilisation, second.utilisation)
+    assert first.makespan_s == second.makespan_s
+
+    other = run(busy_trace(), seed=8, **config)
+    assert other.requests["request_id"].tolist() == first.requests["request_id"].tolist()
+    assert not np.array_equal(other.requests["actual_ttft_s"], first.requests["actual_ttft_s"])
+    # jitter is ground truth only: the sums still compose
+    total = other.requests[TERM_COLUMNS].sum(axis=1).to_numpy()
+    np.testing.assert_allclose(total, other.requests["actual_ttft_s"].to_numpy(), rtol=0, atol=1e-12)
+
+
+# -- directory lag ------------------------------------------------------------------------------
+def eviction_trace() -> Trace:
+    """One worker of 4 KV blocks (16 tokens each).
+
+    t=0: request 0 stores blocks 1, 2 (3 blocks with its output), finishes: idle [2, 1].
+    t=10: request 1 needs 4 blocks: evicts 2 and 1, stores 3, 4, 5.
+    t=20: request 2 asks for 1, 2: gone. A directory that already heard of the store
+    (t≈0 + lag) but not yet of the eviction (10 + lag) promises 2 blocks = 32 tokens.
+    """
+    return make_trace([(0.0, 32, 1, (1, 2)), (10.0, 48, 1, (3, 4, 5)), (20.0, 40, 1, (1, 2, 6))])
+
+
+@pytest.mark.parametrize(
+    ("lag_s", "predicted", "mismatch"), [(0.0, [0, 0, 0], [0, 0, 0]), (15.0, [0, 0, 32], [0, 0, 32])]
+)
+def test_directory_lag_promises_an_evicted_prefix(lag_s, predicted, mismatch):
+    req = run(eviction_trace(), kv_capacity_blocks=4, directory_lag_s=lag_s).requests
+    assert req["predicted_reuse_tokens"].tolist() == predicted
+    assert req["actual_reuse_tokens"].tolist() == [0, 0, 0]
+    assert req["directory_mismatch_tokens"].tolist() == mismatch
+
+
+def test_directory_lag_hides_a_stored_prefix_without_a_mismatch():
+    # request 1 reuses request 0's 2 blocks; with a 15 s lag the router has not heard of them yet
+    trace = make_trace([(0.0, 32, 1, (1, 2)), (5.0, 48, 1, (1, 2, 3))])
+    fresh = run(trace, directory_lag_s=0.0).requests
+    late = run(trace, directory_lag_s=15.0).requests
+    assert fresh["predicted_reuse_tokens"].tolist() == [0, 32]
+    assert late["predicted_reuse_tokens"].tolist() == [0, 0]
+    assert fresh["actual_reuse_tokens"].tolist() == late["actual_reuse_tokens"].tolist() == [0, 32]
+    # a mismatch counts only promised reuse that was not there, not unexpected reuse
+    assert fresh["directory_mismatch_tokens"].tolist() == late["directory_mismatch_tokens"].tolist() == [0, 0]
+
+
+# -- cache off ------------------------------------------------------------------------------------
+def reuse_trace() -> Trace:
+    # 1 then 2 reuse request 0's first 2 blocks; request 2 is fully cached (all but its last token)
+    return make_trace([(0.0, 48, 1, (1, 2, 3)), (5.0, 50, 1, (1, 2, 4, 5)), (6.0, 48, 1, (1, 2, 3))])
+
+
+def test_cache_on_reuses_exact_prefixes():
+    req = run(reuse_trace()).requests
+    assert req["predicted_reuse_tokens"].tolist() == [0, 32, 47]
+    assert req["actual_reuse_tokens"].tolist() == [0, 32, 47]
+    assert req["directory_mismatch_tokens"].tolist() == [0, 0, 0]
+
+
+def test_cache_off_means_no_reuse_and_no_mismatch():
+    for trace in (reuse_trace(), eviction_trace()):
+        req = run(trace, cache_enabled=False, kv_capacity_blocks=4, directory_lag_s=15.0).requests
+        assert req["predicted_reuse_tokens"].tolist() == [0, 0, 0]
+        assert req["actual_reuse_tokens"].tolist() == [0, 0, 0]
+        assert req["directory_mismatch_tokens"].tolist() == [0, 0, 0]
+    busy = run(busy_trace(), fleet=("a100", "h100"), cache_enabled=False).requests
+    assert len(busy) == 10
+    assert (busy["actual_reuse_tokens"] == 0).all() and (busy["predicted_reuse_tokens"] == 0).all()
+    assert (busy["directory_mismatch_tokens"] == 0).all()
+
+    # no worker reports stored blocks, so the directory offers no candidate any reuse
+    candidates = run(busy_trace(), fleet=("a100", "h100"), cache_enabled=False).candidates
+    assert len(candidates) == 20 and (candidates["reusable_tokens"] == 0).all()
+
+
+def test_round_robin_alternates_workers():
+    req = run(busy_trace(), fleet=("a100", "h100"), router=RouterSettings(policy="round_robin")).requests
+    assert req["worker_id"].tolist() == [0, 1] * 5
+
+
+def test_utilisation_is_a_fraction_with_warmup():
+    # three 8000-token prompts in warm-up keep the worker busy ~2 s; one 16-token request is measured
+    warm = [(0.0, 8000, 1, range(100 * i, 100 * i + 500)) for i in range(3)]
+    trace = make_trace([*warm, (9.99, 16, 1, (9999,))])
+    result = run(trace, warmup_s=5.0)
+    assert len(result.requests) == 1
+    assert 0.0 <= result.utilisation[0] <= 1.0

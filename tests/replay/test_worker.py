@@ -1,0 +1,269 @@
+"""Tests for kvcost.replay.worker.SimWorker (chunked prefill, FCFS admission, actual terms).
+
+The step model is hand-made so every step time is a round number:
+
+    step_s = 1 ms × batch tokens + 1 µs × prefill attention pairs + 10 µs × decode context + 1 ms
+
+(prefill attention pairs for n new tokens after c context tokens: n × (c + (n + 1) / 2)).
+Block size 10 tokens, budget 100 tokens per step. Lookup = 10 ms + 1 ms per full block;
+first-token work = 5 ms.
+"""
+
+import math
+from collections import deque
+
+import pytest
+
+from kvcost.data.profiles import OperatorProfile
+from kvcost.features.nominal import NominalCosts
+from kvcost.models.hardware import GpuSpec, ModelSpec, StepTimeModel
+from kvcost.replay.kv_cache import BlockPool
+from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
+
+BLOCK = 10
+# 1 layer × 1 head × head_dim 1: 4 attention FLOPs per token pair, 4 KV bytes per token
+UNIT_MODEL = ModelSpec(
+    name="unit",
+    num_layers=1,
+    num_q_heads=1,
+    num_kv_heads=1,
+    head_dim=1,
+    hidden_size=1,
+    num_params=1,
+    dtype_bytes=2,
+    profile_dir="none",
+)
+# 4e6 FLOP/s → 1 µs per token pair; 4e5 B/s → 10 µs per decode context token
+UNIT_GPU = GpuSpec(name="unit-gpu", memory_bytes=2**30, peak_dense_bf16_flops=4e6, hbm_bytes_per_s=4e5)
+# 1 ms per batch token, linear through both points
+UNIT_PROFILE = OperatorProfile(
+    num_tokens=[1, 100], per_layer_s=[1e-3, 0.1], once_s=[0.0, 0.0], source="hand-made 1 ms per token"
+)
+COSTS = NominalCosts(lookup_base_s=0.01, lookup_per_block_s=0.001, first_token_s=0.005)
+
+
+def unit_step_model(token_budget: int = 100) -> StepTimeModel:
+    return StepTimeModel(
+        UNIT_MODEL,
+        UNIT_GPU,
+        UNIT_PROFILE,
+        token_budget=token_budget,
+        attention_flops_efficiency=1.0,
+        decode_bandwidth_efficiency=1.0,
+        step_overhead_s=1e-3,
+    )
+
+
+def make_worker(capacity_blocks: int = 100, *, cache_enabled: bool = True, **truth) -> SimWorker:
+    truth = dict(jitter_sigma=0.0, costs=COSTS) | truth
+    return SimWorker(
+        0, "unit-gpu", unit_step_model(), BlockPool(capacity_blocks, cache_enabled), BLOCK, WorkerTruth(**truth), seed=0
+    )
+
+
+def req(
+    request_id: int, arrival_s: float, input_tokens: int, output_tokens: int, hashes, predicted_reuse_tokens: int = 0
+) -> SimRequest:
+    return SimRequest(request_id, arrival_s, input_tokens, output_tokens, tuple(hashes), predicted_reuse_tokens)
+
+
+def drive(worker: SimWorker, requests: list[SimRequest]) -> list[SimRequest]:
+    """One-worker event loop, as the simulator's: a step ending at t runs before an arrival at t."""
+    pending = deque(sorted(requests, key=lambda r: r.arrival_s))
+    done: list[SimRequest] = []
+    while pending or worker.step_end_s is not None:
+        t_step = worker.step_end_s if worker.step_end_s is not None else math.inf
+        t_arrival = pending[0].arrival_s if pending else math.inf
+        if t_step <= t_arrival:
+            done += worker.finish_step(t_step)
+            worker.start_step(t_step)
+        else:
+            request = pending.popleft()
+            worker.enqueue(request)
+            if worker.step_end_s is None:
+                worker.start_step(t_arrival)
+    return done
+
+
+def terms(r: SimRequest) -> tuple[float, float, float, float, float]:
+    """(Q, L, X, P, F) as the worker's module docstring defines them."""
+    return (
+        r.admitted_s - r.arrival_s,
+        r.lookup_s,
+        0.0,
+        r.prefill_end_s - (r.admitted_s + r.lookup_s),
+        r.first_token_overhead_s,
+    )
+
+
+def approx(x):
+    return pytest.approx(x, abs=1e-12, rel=0)
+
+
+def test_one_request_on_an_idle_worker():
+    worker = make_worker()
+    r = req(0, 2.0, 45, 1, [1, 2, 3, 4, 5])  # 4 full blocks + a partial one
+    assert drive(worker, [r]) == [r]
+    # lookup 10 ms + 4 × 1 ms; step 45 tokens = 45 ms + 45 × 23 pairs × 1 µs + 1 ms
+    assert r.admitted_s == 2.0
+    assert r.lookup_s == approx(0.014)
+    assert r.prefill_end_s == approx(2.0 + 0.014 + 0.045 + 0.001035 + 0.001)
+    assert r.first_token_s == approx(2.061035 + 0.005)
+    assert r.finish_s == r.prefill_end_s  # a single output token: done at prefill
+    assert r.reused_tokens == 0
+    q, lk, x, p, f = terms(r)
+    assert (q, lk, x, p, f) == (0.0, approx(0.014), 0.0, approx(0.047035), 0.005)
+    assert q + lk + x + p + f == approx(r.first_token_s - r.arrival_s)
+    assert r.first_token_s - r.arrival_s == approx(0.066035)
+    assert worker.step_end_s is None and worker.queued_prefill_tokens == 0
+    assert worker.events == [(r.prefill_end_s, "stored", [1, 2, 3, 4], None)]
+    assert (worker.pool.used_blocks, worker.pool.eviction_order()) == (0, [4, 3, 2, 1])
+
+
+def test_request_needing_two_chunks():
+    worker = make_worker()
+    r = req(0, 0.0, 150, 1, range(1, 16))
+    drive(worker, [r])
+    step1 = 0.1 + 100 * 50.5e-6 + 0.001 + 0.025  # 100 tokens from context 0, + lookup 10 + 15 ms
+    step2 = 0.05 + 50 * 125.5e-6 + 0.001  # 50 tokens after 100 of context, no lookup
+    assert (step1, step2) == (approx(0.13105), approx(0.057275))
+    assert r.admitted_s == 0.0
+    assert r.prefill_end_s == approx(0.188325)
+    q, lk, x, p, f = terms(r)
+    assert (q, lk, p) == (0.0, approx(0.025), approx(0.163325))
+    assert q + lk + x + p + f == approx(r.first_token_s - r.arrival_s) == approx(0.193325)
+
+
+def test_fcfs_second_request_waits_for_the_running_step():
+    worker = make_worker()
+    a = req(0, 0.0, 80, 1, range(1, 9))
+    b = req(1, 0.01, 60, 1, range(11, 17))  # arrives mid-step: waits for the next one
+    drive(worker, [b, a])
+    # a: 80 ms + 80 × 40.5 µs + 1 ms + lookup 18 ms
+    assert a.prefill_end_s == approx(0.10224)
+    assert b.admitted_s == a.prefill_end_s
+    # b: 60 ms + 60 × 30.5 µs + 1 ms + lookup 16 ms
+    assert b.prefill_end_s == approx(0.10224 + 0.07883)
+    q, lk, x, p, f = terms(b)
+    assert (q, lk, p, f) == (approx(0.09224), approx(0.016), approx(0.06283), 0.005)
+    assert q + lk + x + p + f == approx(b.first_token_s - b.arrival_s) == approx(0.17607)
+
+
+def test_fcfs_shares_the_token_budget_in_one_step():
+    worker = make_worker()
+    a = req(0, 0.0, 80, 1, range(1, 9))
+    b = req(1, 0.0, 60, 1, range(11, 17))
+    worker.enqueue(a)
+    worker.enqueue(b)  # both wait when the step is formed
+    worker.start_step(0.0)
+    drive(worker, [])
+    # step 1: a's 80 tokens + b's first 20 (FCFS chunking); lookup is the larger of the two (18 ms)
+    step1 = 0.1 + (80 * 40.5 + 20 * 10.5) * 1e-6 + 0.001 + 0.018
+    # step 2: b's last 40 tokens after 20 of context
+    step2 = 0.04 + 40 * 40.5e-6 + 0.001
+    assert (step1, step2) == (approx(0.12245), approx(0.04262))
+    assert a.prefill_end_s == approx(0.12245)
+    assert b.admitted_s == 0.0 and b.prefill_end_s == approx(0.16507)
+    q, lk, x, p, f = terms(b)
+    assert (q, lk, p) == (0.0, approx(0.016), approx(0.14907))  # P absorbs a's longer lookup
+    assert q + lk + x + p + f == approx(b.first_token_s - b.arrival_s) == approx(0.17007)
+
+
+def test_decode_finishes_after_output_tokens_minus_one_steps():
+    worker = make_worker()
+    r = req(0, 0.0, 45, 4, [1, 2, 3, 4, 5])
+    drive(worker, [r])
+    assert r.prefill_end_s == approx(0.061035)
+    # 3 decode steps of 1 token: 1 ms + 10 µs × context (46, 47, 48) + 1 ms
+    assert r.finish_s == approx(0.061035 + 0.00246 + 0.00247 + 0.00248)
+    assert worker.decode_steps == 3 and worker.decode_context_tokens == 0
+    assert worker.running_requests == 0 and worker.pool.used_blocks == 0
+
+
+def test_prefix_reuse_after_the_first_request_finished():
+    worker = make_worker()
+    a = req(0, 0.0, 45, 1, [1, 2, 3, 4, 5])
+    b = req(1, 1.0, 52, 1, [1, 2, 3, 7, 8, 9])  # shares blocks 1-3 with a
+    drive(worker, [a, b])
+    assert b.reused_tokens == 30 and b.allocation is not None and b.allocation.reused_blocks == 3
+    # 22 tokens after 30 of context: 22 ms + 22 × 41.5 µs + 1 ms; lookup 10 + 5 ms
+    assert b.lookup_s == approx(0.015)
+    assert b.prefill_end_s == approx(1.0 + 0.015 + 0.022 + 0.000913 + 0.001)
+    assert worker.events[-1] == (b.prefill_end_s, "stored", [7, 8], 3)
+    assert worker.pool.eviction_order() == [4, 8, 7, 3, 2, 1]
+
+
+def test_fully_cached_prompt_still_computes_its_last_token():
+    worker = make_worker()
+    a = req(0, 0.0, 40, 1, [1, 2, 3, 4])
+    b = req(1, 1.0, 40, 1, [1, 2, 3, 4])
+    drive(worker, [a, b])
+    assert b.reused_tokens == 39
+    # 1 token after 39 of context: 1 ms + 40 µs + 1 ms; lookup 14 ms
+    assert b.prefill_end_s == approx(1.0 + 0.014 + 0.001 + 0.00004 + 0.001)
+    assert len(worker.events) == 1  # b stored nothing new
+
+
+def test_admission_blocked_while_kv_is_full_resumes_after_a_finish():
+    worker = make_worker(capacity_blocks=8)
+    a = req(0, 0.0, 45, 20, [1, 2, 3, 4, 5])  # ceil(65 / 10) = 7 blocks
+    b = req(1, 0.01, 55, 1, [11, 12, 13, 14, 15, 16])  # 6 blocks: does not fit while a runs
+    c = req(2, 0.02, 5, 1, [21])  # 1 block would fit, but waits behind b (FCFS)
+    drive(worker, [a, b, c])
+    # a: prefill 61.035 ms, then 19 decode steps of 2 ms + 10 µs × context 46 … 64
+    a_finish = 0.061035 + 19 * 0.002 + 1e-5 * sum(range(46, 65))
+    assert a.finish_s == approx(a_finish) == approx(0.109485)
+    assert b.admitted_s == a.finish_s and c.admitted_s == a.finish_s
+    q, lk, x, p, f = terms(b)
+    assert q == approx(0.099485)
+    # b and c in one step: 60 tokens, pairs 55 × 28 + 5 × 3, lookup max(15, 10) ms
+    assert b.prefill_end_s == approx(0.109485 + 0.06 + 0.006220 / 4 + 0.001 + 0.015)
+    assert q + lk + x + p + f == approx(b.first_token_s - b.arrival_s)
+    # a's 4 cached blocks went idle tail-first; b evicted 2 of them, c one more
+    removed = [e for e in worker.events if e[1] == "removed"]
+    assert removed == [(a.finish_s, "removed", [4, 3], None), (a.finish_s, "removed", [2], None)]
+    assert worker.pool.eviction_order() == [1, 15, 14, 13, 12, 11]
+
+
+def test_snapshot_queue_accounting_uses_predicted_then_actual_reuse():
+    worker = make_worker()
+    r = req(0, 0.0, 45, 1, [1, 2, 3, 4, 5], predicted_reuse_tokens=20)
+    worker.enqueue(r)
+    snap = worker.snapshot(0.0)
+    assert snap.waiting_prefill == ((25, 20),) and worker.queued_prefill_tokens == 25
+    end = worker.start_step(0.0)  # admission finds no cached prefix: 45 tokens to compute
+    assert worker.queued_prefill_tokens == 45
+    snap = worker.snapshot(0.02)
+    assert snap.waiting_prefill == ()  # all 45 tokens are in the running step: step_remaining_s covers them
+    assert snap.step_remaining_s == approx(end - 0.02)
+    worker.finish_step(end)
+    assert worker.queued_prefill_tokens == 0 and worker.snapshot(end).waiting_prefill == ()
+
+
+def test_slowdown_scales_compute_but_not_lookup():
+    worker = make_worker(slowdown_factor=2.0, slowdown_from_s=1.0)
+    a = req(0, 0.0, 45, 1, [1, 2, 3, 4, 5])
+    b = req(1, 1.0, 45, 1, [6, 7, 8, 9, 10])
+    drive(worker, [a, b])
+    assert a.prefill_end_s == approx(0.061035)
+    assert b.prefill_end_s == approx(1.0 + 2 * 0.047035 + 0.014)
+
+
+def test_jitter_is_seeded_per_worker():
+    def first_step(seed: int, worker_id: int) -> float:
+        w = SimWorker(
+            worker_id,
+            "unit-gpu",
+            unit_step_model(),
+            BlockPool(100),
+            BLOCK,
+            WorkerTruth(jitter_sigma=0.1, costs=COSTS),
+            seed=seed,
+        )
+        w.enqueue(req(0, 0.0, 45, 1, [1, 2, 3, 4, 5]))
+        return w.start_step(0.0)
+
+    assert first_step(3, 0) == first_step(3, 0)
+    assert first_step(3, 0) != first_step(4, 0)
+    assert first_step(3, 0) != first_step(3, 1)
+    assert first_step(3, 0) != approx(0.061035)
