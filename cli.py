@@ -21,6 +21,7 @@ from rich.table import Table
 
 from kvcost.data.store import LogStore
 from kvcost.data.traces import Trace, load_trace
+from kvcost.models.hardware import MODELS
 from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
 from kvcost.replay.experiment import CONFIGURATIONS, Configuration, configure, replay, run_experiment
 from kvcost.replay.metrics import infinite_cache_hit_ratio, summarise
@@ -53,12 +54,18 @@ DurationOpt = Annotated[float | None, typer.Option(help="Length of the trace win
 SeedOpt = Annotated[int, typer.Option(help="Seed of every random stream (arrival spread, jitter).")]
 WarmupOpt = Annotated[float, typer.Option(help="Simulate but do not measure arrivals before this (warms the cache).")]
 LagOpt = Annotated[float, typer.Option(help="Delay of KV events to the router's directory, seconds.")]
-SlowOpt = Annotated[list[str] | None, typer.Option(help="Straggler WORKER:FACTOR[@T_S]; repeatable.")]
+SlowOpt = Annotated[
+    list[str] | None,
+    typer.Option(help="Straggler WORKER:FACTOR\\[@T_S] (worker index, step-time factor, start time in s); repeatable."),
+]
 BudgetOpt = Annotated[int, typer.Option(help="Tokens per continuous-batching step.")]
 JitterOpt = Annotated[float, typer.Option(help="σ of the log-normal per-step jitter (ground truth only).")]
 SkipOpt = Annotated[bool, typer.Option(help="Skip malformed trace lines and report how many.")]
 OutOpt = Annotated[Path | None, typer.Option(help="Output folder (default runs/<UTC timestamp>).")]
 DbOpt = Annotated[Path, typer.Option(help="DuckDB log, appended to.")]
+ModelOpt = Annotated[str, typer.Option(help=f"Model served by every worker: {', '.join(MODELS.names())}.")]
+KvBlocksOpt = Annotated[int | None, typer.Option(help="KV blocks per worker (default: from GPU memory).")]
+MemUtilOpt = Annotated[float, typer.Option(help="Share of GPU memory for weights + KV (vLLM default 0.9).")]
 
 
 class CacheSwitch(StrEnum):
@@ -217,6 +224,9 @@ def experiment(
     directory_lag_s: LagOpt = 0.0,
     slowdown: SlowOpt = None,
     token_budget: BudgetOpt = 8192,
+    model: ModelOpt = "llama-3-8b",
+    kv_capacity_blocks: KvBlocksOpt = None,
+    gpu_memory_utilization: MemUtilOpt = 0.9,
     jitter_sigma: JitterOpt = 0.05,
     skip_bad_lines: SkipOpt = False,
     out: OutOpt = None,
@@ -259,6 +269,9 @@ def replay_command(
     directory_lag_s: LagOpt = 0.0,
     slowdown: SlowOpt = None,
     token_budget: BudgetOpt = 8192,
+    model: ModelOpt = "llama-3-8b",
+    kv_capacity_blocks: KvBlocksOpt = None,
+    gpu_memory_utilization: MemUtilOpt = 0.9,
     jitter_sigma: JitterOpt = 0.05,
     skip_bad_lines: SkipOpt = False,
     out: OutOpt = None,

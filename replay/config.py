@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from kvcost.models.hardware import GPUS, MODELS
+from kvcost.models.hardware import DEFAULT_GPU_MEMORY_UTILIZATION, GPUS, MODELS
 from kvcost.serving.router import RouterSettings
 
 
@@ -30,6 +30,8 @@ class ClusterConfig:
         cache_enabled: prefix cache on or off.
         kv_capacity_blocks: KV blocks per worker; None derives it from GPU memory, weights
             and reserve (``StepTimeModel.kv_capacity_blocks``).
+        gpu_memory_utilization: share of GPU memory the engine may use (vLLM's default 0.9),
+            in (0, 1]; used when ``kv_capacity_blocks`` is None.
         directory_lag_s: delay before a worker's KV events reach the router's directory (≥ 0).
         jitter_sigma: σ of the seeded log-normal per-step jitter (ground truth only).
         slowdowns: stragglers (ground truth only).
@@ -44,6 +46,7 @@ class ClusterConfig:
     token_budget: int = 8192
     cache_enabled: bool = True
     kv_capacity_blocks: int | None = None
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     directory_lag_s: float = 0.0
     jitter_sigma: float = 0.05
     slowdowns: tuple[Slowdown, ...] = ()
@@ -61,6 +64,12 @@ class ClusterConfig:
         _check(self.token_budget >= 1, "token_budget", self.token_budget, "an integer ≥ 1")
         if self.kv_capacity_blocks is not None:
             _check(self.kv_capacity_blocks >= 1, "kv_capacity_blocks", self.kv_capacity_blocks, "an integer ≥ 1")
+        _check(
+            0 < self.gpu_memory_utilization <= 1,
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "a number in (0, 1]",
+        )
         _check(self.directory_lag_s >= 0, "directory_lag_s", self.directory_lag_s, "a number ≥ 0")
         _check(self.jitter_sigma >= 0, "jitter_sigma", self.jitter_sigma, "a number ≥ 0")
         _check(self.sample_interval_s > 0, "sample_interval_s", self.sample_interval_s, "a number > 0")

@@ -91,7 +91,9 @@ class ClusterSimulator:
             slowdown_factor=slow[-1].factor if slow else 1.0,
             slowdown_from_s=slow[-1].from_s if slow else math.inf,
         )
-        capacity_blocks = self.config.kv_capacity_blocks or step_model.kv_capacity_blocks(self.block_size_tokens)
+        capacity_blocks = self.config.kv_capacity_blocks or step_model.kv_capacity_blocks(
+            self.block_size_tokens, self.config.gpu_memory_utilization
+        )
         pool = BlockPool(capacity_blocks, self.config.cache_enabled)
         return SimWorker(worker_id, gpu, step_model, pool, self.block_size_tokens, truth, self.config.seed)
 
