@@ -267,3 +267,13 @@ def test_jitter_is_seeded_per_worker():
     assert first_step(3, 0) != first_step(4, 0)
     assert first_step(3, 0) != first_step(3, 1)
     assert first_step(3, 0) != approx(0.061035)
+
+
+def test_snapshot_leaves_the_running_chunk_to_step_remaining():
+    worker = make_worker()
+    worker.enqueue(req(0, 0.0, 150, 1, range(1, 16)))
+    end = worker.start_step(0.0)  # budget 100: the first chunk is 100 tokens
+    snap = worker.snapshot(0.01)
+    assert snap.waiting_prefill == ((50, 100),)
+    assert snap.step_remaining_s == approx(end - 0.01)
+    assert worker.queued_prefill_tokens == 150  # the sampled log still counts the running chunk

@@ -1,0 +1,68 @@
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvcost.data.traces import Trace, TraceRequest
+from kvcost.replay.experiment import attribution
+from kvcost.replay.metrics import SUMMARY_KEYS, infinite_cache_hit_ratio, summarise
+from kvcost.replay.simulator import ReplayResult
+
+
+def _trace(requests, block=4) -> Trace:
+    rows = tuple(TraceRequest(i, float(i), n, 1, tuple(h)) for i, (n, h) in enumerate(requests))
+    return Trace("t", "test", "mooncake", block, rows, 0, None, 1.0, 0.0, None)
+
+
+def test_infinite_cache_hit_ratio_counts_full_block_prefixes_only():
+    trace = _trace(
+        [
+            (8, (1, 2)),  # cold
+            (10, (1, 2, 3)),  # reuses 2 blocks = 8 tokens; block 3 is partial, never cached
+            (8, (1, 2)),  # fully cached: capped at input − 1 = 7
+            (8, (9, 2)),  # block 2 without its parent 1 is a different prefix: no reuse
+        ]
+    )
+    assert infinite_cache_hit_ratio(trace) == pytest.approx((0 + 8 + 7 + 0) / (8 + 10 + 8 + 8))
+
+
+def _result(**columns) -> ReplayResult:
+    frame = pd.DataFrame(columns)
+    return ReplayResult(frame, pd.DataFrame(), pd.DataFrame(), np.array([0.5, 0.7]), 10.0, rejected_requests=1)
+
+
+def test_summarise_exact_figures():
+    result = _result(
+        worker_id=[0, 0, 1, 0],
+        actual_ttft_s=[1.0, 2.0, 3.0, 4.0],
+        actual_queue_s=[0.0, 0.5, 1.0, 1.5],
+        tpot_s=[0.1, math.nan, 0.3, 0.2],
+        input_tokens=[100, 100, 100, 100],
+        actual_reuse_tokens=[0, 50, 50, 0],
+        directory_mismatch_tokens=[0, 16, 0, 0],
+    )
+    s = summarise(result, n_workers=2)
+    assert list(s) == list(SUMMARY_KEYS)
+    assert s["completed"] == 4 and s["rejected"] == 1
+    assert s["ttft_mean_s"] == 2.5 and s["ttft_p50_s"] == 2.5
+    assert s["ttft_p99_s"] == pytest.approx(3.97)
+    assert s["tpot_p50_s"] == pytest.approx(0.2)  # NaN (single-token outputs) ignored
+    assert s["hit_ratio"] == 0.25 and s["reused_tokens_mean"] == 25.0
+    assert s["max_worker_share"] == 0.75
+    assert s["directory_mismatch_tokens"] == 16
+    assert s["utilisation"] == pytest.approx(0.6)
+
+
+def test_attribution_signs():
+    configs = {
+        "balanced_nocache": {"ttft_p50_s": 5.0, "ttft_p99_s": 20.0},
+        "balanced_cache": {"ttft_p50_s": 3.0, "ttft_p99_s": 15.0},
+        "cost_aware": {"ttft_p50_s": 3.5, "ttft_p99_s": 10.0},
+    }
+    assert attribution(configs) == {
+        "cache_gain_p50_s": 2.0,
+        "cache_gain_p99_s": 5.0,
+        "routing_gain_p50_s": -0.5,
+        "routing_gain_p99_s": 5.0,
+    }
