@@ -169,6 +169,7 @@ def _write_outputs(s: _Setup, arms: list[Configuration], summary: dict, results:
         "seed": s.config.seed,
         "requests": len(s.trace),
         "hit_ratio_bound_infinite_cache": infinite_cache_hit_ratio(s.trace),
+        "initial_cache_state": f"warm: first {s.config.warmup_s:g} s of arrivals" if s.config.warmup_s else "cold",
         **summary,
     }
     write_summary_json(s.out / "summary.json", summary)
