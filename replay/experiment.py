@@ -118,16 +118,22 @@ def _recompute_squeeze(results: dict[str, ReplayResult]) -> str:
     )
 
 
+def study_summary(results: dict[str, ReplayResult], n_workers: int) -> dict:
+    """Per-configuration figures; with the three experiment arms, also the attribution and diagnosis."""
+    configs = {name: summarise(res, n_workers) for name, res in results.items()}
+    if set(configs) != {arm.name for arm in CONFIGURATIONS}:
+        return {"configs": configs}
+    return {"configs": configs, "attribution": attribution(configs), "diagnosis": diagnose(configs, results)}
+
+
 def run_experiment(
     trace: Trace, base: ClusterConfig, progress: Callable[[int], None] | None = None
 ) -> tuple[dict, dict[str, ReplayResult]]:
     """Replay ``trace`` under the three configurations.
 
     Returns:
-        ``(summary, results)``: the ``summary.json`` content (without the
-        trace-level keys, which the caller adds) and the per-configuration results.
+        ``(summary, results)``: configs, attribution and diagnosis (trace-level
+        keys are added by :mod:`kvcost.replay.runner`), and the per-configuration results.
     """
     results = {arm.name: replay(trace, configure(base, arm), progress) for arm in CONFIGURATIONS}
-    configs = {name: summarise(res, base.workers) for name, res in results.items()}
-    summary = {"configs": configs, "attribution": attribution(configs), "diagnosis": diagnose(configs, results)}
-    return summary, results
+    return study_summary(results, base.workers), results

@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from kvcost.data.store import LogStore  # noqa: E402
 from kvcost.replay.metrics import SUMMARY_KEYS  # noqa: E402
@@ -93,11 +94,10 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def write_report_md(path: Path, summary: dict, setup_lines: list[str], plots: list[str]) -> None:
-    """Write the Markdown report: set-up, comparison table, attribution, diagnosis and plots."""
+    """Write the Markdown report: set-up, comparison table, and (for the experiment) attribution and diagnosis."""
     header, rows = comparison_rows(summary["configs"])
-    attribution = summary["attribution"]
     parts = [
-        f"# kvcost experiment — {summary['trace']}",
+        f"# kvcost — {summary['trace']}",
         "",
         "## Set-up",
         *[f"- {line}" for line in setup_lines],
@@ -105,33 +105,43 @@ def write_report_md(path: Path, summary: dict, setup_lines: list[str], plots: li
         "## Comparison",
         _markdown_table(header, rows),
         "",
-        "## Attribution (positive = TTFT got shorter)",
-        f"- cache gain (balanced_nocache → balanced_cache): P50 {attribution['cache_gain_p50_s']:+.3f} s, "
-        f"P99 {attribution['cache_gain_p99_s']:+.3f} s",
-        f"- routing gain (balanced_cache → cost_aware): P50 {attribution['routing_gain_p50_s']:+.3f} s, "
-        f"P99 {attribution['routing_gain_p99_s']:+.3f} s",
-        "",
-        "## Diagnosis (DESIGN.md §4 order)",
-        *[f"{i}. {line}" for i, line in enumerate(summary["diagnosis"], 1)],
-        "",
-        "## Plots",
-        *[f"![{name}]({name})" for name in plots],
+        "Utilisation: share of the measured span during which a worker had a request waiting for its first token.",
+        "Directory mismatch: reuse the directory promised at routing time that was gone at admission (evicted",
+        "while the request queued, or not yet reported when the directory lags).",
         "",
     ]
+    if "attribution" in summary:
+        a = summary["attribution"]
+        parts += [
+            "## Attribution (positive = TTFT got shorter)",
+            f"- cache gain (balanced_nocache → balanced_cache): P50 {a['cache_gain_p50_s']:+.3f} s, "
+            f"P99 {a['cache_gain_p99_s']:+.3f} s",
+            f"- routing gain (balanced_cache → cost_aware): P50 {a['routing_gain_p50_s']:+.3f} s, "
+            f"P99 {a['routing_gain_p99_s']:+.3f} s",
+            "",
+            "## Diagnosis (in order: hot-worker queueing, directory mismatch, recompute of expected hits)",
+            *[f"{i}. {line}" for i, line in enumerate(summary["diagnosis"], 1)],
+            "",
+        ]
+    parts += ["## Plots", *[f"![{name}]({name})" for name in plots], ""]
     path.write_text("\n".join(parts))
 
 
-def plot_ttft_cdf(results: dict[str, ReplayResult], path: Path) -> None:
-    """TTFT CDF per configuration (log-scaled time axis)."""
+_STYLES = ("-", "--", ":", "-.")
+
+
+def plot_ttft_cdf(results: dict[str, ReplayResult], path: Path, caption: str) -> None:
+    """TTFT CDF per configuration (log-scaled time axis); line styles differ so equal curves stay visible."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, result in results.items():
+    for i, (name, result) in enumerate(results.items()):
         ttft = np.sort(result.requests["actual_ttft_s"].to_numpy())
         if ttft.size:
-            ax.plot(ttft, np.arange(1, ttft.size + 1) / ttft.size, label=name)
+            ax.plot(ttft, np.arange(1, ttft.size + 1) / ttft.size, _STYLES[i % len(_STYLES)], label=name, lw=1.6)
     ax.set_xscale("log")
-    ax.set_xlabel("TTFT (s)")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("TTFT (s, log scale)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title("TTFT CDF")
+    ax.set_title(f"TTFT CDF — {caption}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -139,18 +149,21 @@ def plot_ttft_cdf(results: dict[str, ReplayResult], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_queues(results: dict[str, ReplayResult], path: Path) -> None:
-    """Each worker's queued prefill tokens over time, one panel per configuration."""
-    fig, axes = plt.subplots(len(results), 1, figsize=(8, 2.6 * len(results)), sharex=True, squeeze=False)
+def plot_queues(results: dict[str, ReplayResult], path: Path, caption: str) -> None:
+    """Each worker's queued prefill tokens over replay time, one panel per configuration, shared y-axis."""
+    n = len(results)
+    fig, axes = plt.subplots(n, 1, figsize=(8, 2.4 * n + 0.8), sharex=True, sharey=True, squeeze=False)
     for ax, (name, result) in zip(axes[:, 0], results.items(), strict=True):
-        samples = result.worker_samples
-        for worker_id, group in samples.groupby("worker_id"):
-            ax.plot(group["t_s"], group["queued_prefill_tokens"], lw=0.8, label=f"worker {worker_id}")
+        for worker_id, group in result.worker_samples.groupby("worker_id"):
+            ax.plot(group["t_s"], group["queued_prefill_tokens"], lw=0.7, alpha=0.75, label=f"worker {worker_id}")
         ax.set_title(name, fontsize=10)
         ax.set_ylabel("queued prefill\ntokens")
         ax.grid(True, alpha=0.3)
-    axes[0, 0].legend(fontsize=7, ncol=4, loc="upper right")
-    axes[-1, 0].set_xlabel("time (s)")
-    fig.tight_layout()
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), fontsize=8, frameon=False)
+    axes[-1, 0].set_xlabel("replay time (s)")
+    fig.suptitle(f"Queued prefill tokens per worker — {caption}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

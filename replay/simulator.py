@@ -99,7 +99,7 @@ class ClusterSimulator:
 
     # -- the event loop ------------------------------------------------------------
     def run(self, trace: Trace, progress: Callable[[int], None] | None = None) -> ReplayResult:
-        """Replay ``trace``; ``progress(n)`` is called with the number of newly completed requests."""
+        """Replay ``trace``; ``progress(n)`` is called with the number of newly completed (or rejected) requests."""
         if trace.block_size_tokens != self.block_size_tokens:
             raise ValueError(f"trace block_size_tokens = {trace.block_size_tokens}, expected {self.block_size_tokens}")
         log = _Log(self.config, len(self.workers))
@@ -124,11 +124,14 @@ class ClusterSimulator:
                     progress(len(done))
                 self._start(worker, now, steps)
             else:
-                self._arrive(requests[next_arrival], t_arrival, steps, log)
+                served = self._arrive(requests[next_arrival], t_arrival, steps, log)
                 next_arrival += 1
+                if progress is not None and not served:
+                    progress(1)
         return log.result(self.workers)
 
-    def _arrive(self, trace_request, now: float, steps: list, log: _Log) -> None:
+    def _arrive(self, trace_request, now: float, steps: list, log: _Log) -> bool:
+        """Route and enqueue one arrival; False if it is rejected as larger than the worker's KV."""
         n_full = trace_request.input_tokens // self.block_size_tokens
         full_hashes = trace_request.block_hashes[:n_full]
         self._deliver_events(now)
@@ -148,11 +151,12 @@ class ClusterSimulator:
         total_tokens = trace_request.input_tokens + trace_request.output_tokens
         if -(-total_tokens // self.block_size_tokens) > worker.pool.capacity_blocks:
             log.rejected += 1
-            return
+            return False
         log.route(sim_request, decision)
         worker.enqueue(sim_request)
         if worker.step_end_s is None:
             self._start(worker, now, steps)
+        return True
 
     def _start(self, worker: SimWorker, now: float, steps: list) -> None:
         end = worker.start_step(now)

@@ -1,0 +1,196 @@
+"""Run a replay study end to end: validate every input, open the log, replay, write every output.
+
+The CLI is a thin shell over :func:`prepare` and :func:`execute`; both raise
+``ValueError`` (or ``KeyError`` / ``FileNotFoundError`` from the loaders) with
+a message naming the option, the value and what was expected, *before* any
+simulation work or output is written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+
+from kvcost.data.store import LogStore
+from kvcost.data.traces import Trace, load_trace
+from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
+from kvcost.replay.experiment import CONFIGURATIONS, Configuration, configure, replay, study_summary
+from kvcost.replay.metrics import infinite_cache_hit_ratio
+from kvcost.replay.outputs import log_replay, plot_queues, plot_ttft_cdf, write_report_md, write_summary_json
+from kvcost.replay.simulator import ReplayResult
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A validated study: the loaded trace, the cluster, where outputs and the log go."""
+
+    trace_arg: str
+    trace: Trace
+    config: ClusterConfig
+    out: Path
+    db: Path
+
+
+def prepare(
+    trace: str,
+    *,
+    workers: int,
+    fleet: str | None,
+    slowdowns: Sequence[str],
+    start_s: float,
+    duration_s: float | None,
+    rate_scale: float,
+    skip_bad_lines: bool,
+    out: Path | None,
+    db: Path,
+    **cluster,
+) -> RunSpec:
+    """Load the trace and build the cluster configuration; check outputs can be written.
+
+    Args:
+        trace: bundled trace name or path.
+        workers: worker count when ``fleet`` is None.
+        fleet: GPU mix such as ``"a100:2,h100:2"``.
+        slowdowns: ``WORKER:FACTOR[@T_S]`` strings.
+        start_s, duration_s: trace window, seconds of *trace* time.
+        rate_scale: arrival times are divided by it.
+        skip_bad_lines: skip malformed trace lines instead of failing.
+        out: output folder (None: ``runs/<UTC timestamp>``).
+        db: DuckDB log path.
+        **cluster: further :class:`ClusterConfig` fields (model, token_budget, seed, warmup_s ...).
+
+    Raises:
+        ValueError, KeyError, FileNotFoundError: bad input, with a message naming it.
+    """
+    loaded = load_trace(
+        trace,
+        start_s=start_s,
+        duration_s=duration_s,
+        rate_scale=rate_scale,
+        spread_seed=cluster.get("seed", 0),
+        skip_bad_lines=skip_bad_lines,
+    )
+    config = ClusterConfig(
+        fleet=parse_fleet(fleet, 0 if fleet else workers),
+        slowdowns=tuple(parse_slowdown(s) for s in slowdowns),
+        **cluster,
+    )
+    last_arrival_s = loaded.requests[-1].arrival_s
+    if config.warmup_s > last_arrival_s:
+        raise ValueError(
+            f"warmup_s = {config.warmup_s:g}, expected less than the last arrival ({last_arrival_s:.1f} s "
+            "of replay time) so that some requests are measured"
+        )
+    out = out if out is not None else Path("runs") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out = {str(out)!r} is a file, expected a folder (or a path that does not exist)")
+    return RunSpec(trace, loaded, config, out, db)
+
+
+def execute(spec: RunSpec, arms: Sequence[Configuration], progress: Callable[[int], None] | None = None) -> dict:
+    """Replay every arm, append the runs to the log, write ``summary.json``, ``report.md`` and plots.
+
+    The log is opened first (so a locked or foreign database fails before any
+    simulation) and holds the lock until the rows are written. ``summary.json``
+    depends only on the inputs (same seed, same bytes); the DuckDB run ids, which
+    are unique per invocation, are listed in ``report.md``.
+
+    Returns:
+        The ``summary.json`` content.
+
+    Raises:
+        ValueError: the log cannot be opened or the output folder cannot be created.
+    """
+    with _open_store(spec.db) as store:
+        _make_out(spec.out)
+        results = {arm.name: replay(spec.trace, configure(spec.config, arm), progress) for arm in arms}
+        run_ids = _log(store, spec, arms, results)
+    summary = {**_study_header(spec), **study_summary(results, spec.config.workers)}
+    _write_files(spec, summary, results, run_ids)
+    return summary
+
+
+def experiment_arms() -> list[Configuration]:
+    """The three configurations of the experiment (DESIGN.md §4)."""
+    return list(CONFIGURATIONS)
+
+
+def _open_store(db: Path) -> LogStore:
+    try:
+        return LogStore(db).open()
+    except (duckdb.Error, OSError) as exc:
+        raise ValueError(f"db = {str(db)!r} cannot be opened: {str(exc).splitlines()[0]}") from None
+
+
+def _make_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"out = {str(out)!r} cannot be created: {exc.strerror}") from None
+
+
+def _log(store: LogStore, spec: RunSpec, arms: Sequence[Configuration], results: dict) -> dict[str, str]:
+    started = datetime.now(UTC)
+    batch = uuid.uuid4().hex[:8]
+    run_ids = {arm.name: f"{batch}-{arm.name}" for arm in arms}
+    for arm in arms:
+        params = {**_study_header(spec), "config": asdict(configure(spec.config, arm)), "out": str(spec.out)}
+        log_replay(store, run_ids[arm.name], arm.name, spec.trace_arg, params, started, results[arm.name])
+    return run_ids
+
+
+def _study_header(spec: RunSpec) -> dict:
+    t, c = spec.trace, spec.config
+    return {
+        "trace": spec.trace_arg,
+        "workers": c.workers,
+        "fleet": list(c.fleet),
+        "model": c.model,
+        "rate_scale": t.rate_scale,
+        "start_s": t.start_s,
+        "duration_s": t.duration_s,
+        "seed": c.seed,
+        "requests": len(t),
+        "skipped_lines": t.skipped_lines,
+        "spread_bucket_s": t.spread_bucket_s,
+        "hit_ratio_bound_infinite_cache": infinite_cache_hit_ratio(t),
+        "initial_cache_state": f"warm: first {c.warmup_s:g} s of replay time" if c.warmup_s else "cold",
+        "directory_lag_s": c.directory_lag_s,
+    }
+
+
+def _write_files(spec: RunSpec, summary: dict, results: dict[str, ReplayResult], run_ids: dict[str, str]) -> None:
+    caption = f"{spec.trace_arg}, rate scale {spec.trace.rate_scale:g}, {spec.config.workers} workers"
+    write_summary_json(spec.out / "summary.json", summary)
+    plot_ttft_cdf(results, spec.out / "ttft_cdf.png", caption)
+    plot_queues(results, spec.out / "queued_prefill_tokens.png", caption)
+    plots = ["ttft_cdf.png", "queued_prefill_tokens.png"]
+    write_report_md(spec.out / "report.md", summary, _setup_lines(spec, results, run_ids), plots)
+
+
+def _setup_lines(spec: RunSpec, results: dict[str, ReplayResult], run_ids: dict[str, str]) -> list[str]:
+    t, c = spec.trace, spec.config
+    spread = (
+        f"arrivals spread uniformly (seed {c.seed}) inside the trace's {t.spread_bucket_s:.1f} s timestamp buckets"
+        if t.spread_bucket_s
+        else "arrivals as recorded (no bucket spread)"
+    )
+    window = f"{t.start_s:g} s + {t.duration_s:g} s" if t.duration_s else f"from {t.start_s:g} s to the end"
+    cache = f"warmed by arrivals before {c.warmup_s:g} s of replay time (not measured)" if c.warmup_s else "cold"
+    slow = ", ".join(f"worker {x.worker_id} × {x.factor:g} from {x.from_s:g} s" for x in c.slowdowns) or "none"
+    measured = ", ".join(f"{k}: {v.requests.shape[0]} measured (run `{run_ids[k]}`)" for k, v in results.items())
+    return [
+        f"trace `{spec.trace_arg}`: {len(t)} requests in the window {window} of trace time; "
+        f"{t.skipped_lines} malformed lines skipped",
+        f"rate scale {t.rate_scale:g} (arrival times divided by it); {spread}",
+        f"model {c.model}; fleet {', '.join(c.fleet)}; token budget {c.token_budget} per step",
+        f"initial cache state: {cache}; directory lag {c.directory_lag_s:g} s; token hit ratio bound with an "
+        f"infinite shared cache {infinite_cache_hit_ratio(t):.1%}",
+        f"ground truth beyond the router's model: per-step log-normal jitter σ={c.jitter_sigma:g}; stragglers: {slow}",
+        f"seed {c.seed}; DuckDB log `{spec.db}`; {measured}",
+    ]
