@@ -9,7 +9,7 @@ carries its full per-candidate breakdown for the log.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,8 +88,20 @@ class Router:
         self._window: deque[tuple[int, int]] = deque(maxlen=settings.skew_window_requests)
         self._window_tokens: dict[int, int] = {}
 
-    def route(self, request: RouteRequest, snapshots: Sequence[WorkerSnapshot], now_s: float) -> RouteDecision:
+    def route(
+        self,
+        request: RouteRequest,
+        snapshots: Sequence[WorkerSnapshot],
+        now_s: float,
+        true_ttft_s: Callable[[], np.ndarray] | None = None,
+    ) -> RouteDecision:
         """Choose a worker for ``request`` among ``snapshots`` (non-empty).
+
+        Args:
+            request: the request.
+            snapshots: candidate workers' load.
+            now_s: decision time.
+            true_ttft_s: replay only: the simulator's true TTFT per candidate (for ``oracle``).
 
         Raises:
             ValueError: no candidates.
@@ -112,8 +124,16 @@ class Router:
             predictions=predictions,
             load_tokens=load_tokens(snapshots, self.settings.expected_decode_tokens),
             allowed=self._skew_allowed(worker_ids),
+            now_s=now_s,
+            matches=tuple(matches),
+            step_models=self.step_models,
+            features=features,
+            true_ttft_s=true_ttft_s,
         )
         index, reason = self.policy.choose(ctx)
+        on_routed = getattr(self.policy, "on_routed", None)
+        if on_routed is not None:
+            on_routed(ctx, index)
         self._record(worker_ids[index], request.input_tokens)
         return RouteDecision(
             request_id=request.request_id,

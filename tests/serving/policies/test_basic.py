@@ -1,4 +1,4 @@
-"""Tests for kvcost.serving.policies (ROUTER_POLICIES and the three policies)."""
+"""Tests for kvcost.serving.policies.basic (ROUTER_POLICIES and kvcost's own three policies)."""
 
 import numpy as np
 import pytest

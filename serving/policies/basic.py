@@ -1,60 +1,10 @@
-"""Router policies, registered by name in :data:`ROUTER_POLICIES` (names are permanent CLI names).
-
-A policy sees a :class:`PolicyContext` (candidates, their predicted terms and
-loads, and which candidates the hot-spot skew limit allows) and returns the
-index of the chosen candidate and a one-line reason.
-"""
+"""kvcost's own policies: ``round_robin``, ``least_loaded`` and ``cost_aware``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import numpy as np
 
-from kvcost.models.composition import TermPredictions
-from kvcost.registry import Registry
-from kvcost.serving.types import RouteRequest, WorkerSnapshot
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyContext:
-    """What a policy may look at for one decision.
-
-    Attributes:
-        request: the request.
-        snapshots: candidate workers, shape ``(n,)``.
-        reusable_tokens: int64 ``(n,)`` directory-reported reusable prefix.
-        predictions: predicted terms ``(n,)`` each, seconds.
-        load_tokens: float64 ``(n,)`` outstanding prefill tokens + decode work (see ``load_tokens``).
-        allowed: bool ``(n,)``: False for workers over the hot-spot skew limit
-            (never all False).
-    """
-
-    request: RouteRequest
-    snapshots: tuple[WorkerSnapshot, ...]
-    reusable_tokens: np.ndarray
-    predictions: TermPredictions
-    load_tokens: np.ndarray
-    allowed: np.ndarray
-
-
-class RouterPolicy(Protocol):
-    """A routing rule: ``choose`` returns ``(candidate index, reason)``."""
-
-    name: str
-
-    def choose(self, ctx: PolicyContext) -> tuple[int, str]: ...
-
-
-ROUTER_POLICIES: Registry[type] = Registry("router policy")
-
-
-def _argmin_stable(values: np.ndarray, mask: np.ndarray | None = None) -> int:
-    """Index of the smallest value (lowest index on ties), among ``mask`` if given."""
-    if mask is not None:
-        values = np.where(mask, values, np.inf)
-    return int(np.argmin(values))
+from kvcost.serving.policies.base import ROUTER_POLICIES, PolicyContext, argmin_stable
 
 
 @ROUTER_POLICIES.register("round_robin")
@@ -81,7 +31,7 @@ class LeastLoadedPolicy:
 
     def choose(self, ctx: PolicyContext) -> tuple[int, str]:
         """Candidate with the fewest outstanding tokens; lowest worker index on ties."""
-        index = _argmin_stable(ctx.load_tokens)
+        index = argmin_stable(ctx.load_tokens)
         return index, f"least outstanding work {ctx.load_tokens[index]:.0f} tokens"
 
 
@@ -108,8 +58,3 @@ class CostAwarePolicy:
             why = "skew limit" if not ctx.allowed[most_reuse] else f"{ttft_s[most_reuse] * 1e3:.1f} ms"
             reason += f"; best-hit worker {ctx.snapshots[most_reuse].worker_id} not chosen ({why})"
         return index, reason
-
-
-def make_policy(name: str) -> RouterPolicy:
-    """A fresh instance of the policy registered as ``name`` (KeyError lists known names)."""
-    return ROUTER_POLICIES.get(name)()

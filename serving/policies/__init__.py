@@ -1,0 +1,10 @@
+"""Router policies, registered by name in :data:`ROUTER_POLICIES`.
+
+Importing this package registers every policy: kvcost's own (``basic``) and
+the production baselines it is measured against.
+"""
+
+from kvcost.serving.policies import basic  # noqa: F401  (registers its policies)
+from kvcost.serving.policies.base import ROUTER_POLICIES, PolicyContext, RouterPolicy, argmin_stable, make_policy
+
+__all__ = ["ROUTER_POLICIES", "PolicyContext", "RouterPolicy", "argmin_stable", "make_policy"]

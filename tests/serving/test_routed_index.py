@@ -1,0 +1,27 @@
+from kvcost.serving.routed_index import RoutedPrefixIndex
+
+
+def test_match_is_a_prefix_walk_per_worker():
+    index = RoutedPrefixIndex()
+    index.insert(0, [1, 2, 3], now_s=0.0)
+    index.insert(1, [1, 7], now_s=0.0)
+    assert index.match([1, 2, 3, 4], [0, 1, 2]) == [3, 1, 0]
+    assert index.match([2, 3], [0]) == [0]  # a child hash without its parent is no prefix of this request
+
+
+def test_trim_drops_least_recently_routed_first():
+    index = RoutedPrefixIndex()
+    index.insert(0, [1, 2, 3], now_s=0.0)
+    index.insert(0, [1, 4], now_s=1.0)  # 1 is touched again: order is now 2, 3, 1, 4
+    assert index.trim(max_blocks_per_worker=2) == 2
+    assert index.match([1, 4], [0]) == [2]
+    assert index.match([1, 2], [0]) == [1]
+    assert index.size_blocks(0) == 2
+
+
+def test_expire_by_age():
+    index = RoutedPrefixIndex()
+    index.insert(0, [1, 2], now_s=0.0)
+    index.insert(0, [3], now_s=5.0)
+    assert index.expire(older_than_s=1.0) == 2
+    assert index.size_blocks(0) == 1 and index.match([3], [0]) == [1]
