@@ -4,7 +4,16 @@ Importing this package registers every policy: kvcost's own (``basic``) and
 the production baselines it is measured against.
 """
 
-from kvcost.serving.policies import basic  # noqa: F401  (registers its policies)
+from kvcost.serving.policies import (  # noqa: F401  (importing registers the policies)
+    aibrix,
+    basic,
+    dynamo,
+    llmd,
+    mooncake,
+    oracle,
+    preble,
+    sglang,
+)
 from kvcost.serving.policies.base import ROUTER_POLICIES, PolicyContext, RouterPolicy, argmin_stable, make_policy
 
 __all__ = ["ROUTER_POLICIES", "PolicyContext", "RouterPolicy", "argmin_stable", "make_policy"]
