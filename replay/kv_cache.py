@@ -98,6 +98,16 @@ class BlockPool:
         """Idle block hashes in the order they would be evicted (first = next)."""
         return list(self._idle)
 
+    def fork(self) -> BlockPool:
+        """An independent copy (for what-if simulation: the oracle)."""
+        twin = BlockPool.__new__(BlockPool)
+        twin.capacity_blocks = self.capacity_blocks
+        twin.cache_enabled = self.cache_enabled
+        twin._refcount = dict(self._refcount)
+        twin._idle = OrderedDict(self._idle)
+        twin._private_blocks = self._private_blocks
+        return twin
+
     # -- mechanism ---------------------------------------------------------------
     def try_allocate(self, full_block_hashes: Sequence[int], total_blocks: int) -> tuple[Allocation | None, list[int]]:
         """Admit a request: reuse its cached prefix and reserve the rest.

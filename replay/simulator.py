@@ -137,7 +137,11 @@ class ClusterSimulator:
         self._deliver_events(now)
         request = RouteRequest(trace_request.request_id, now, trace_request.input_tokens, full_hashes, self.namespace)
         snapshots = [w.snapshot(now) for w in self.workers]
-        decision = self.router.route(request, snapshots, now)
+
+        def true_ttft_s() -> np.ndarray:
+            return np.array([self._true_ttft_s(w, trace_request, full_hashes, now) for w in self.workers])
+
+        decision = self.router.route(request, snapshots, now, true_ttft_s)
         predicted_reuse = int(decision.reusable_tokens[decision.chosen_index]) if self.config.cache_enabled else 0
         sim_request = SimRequest(
             trace_request.request_id,
@@ -157,6 +161,16 @@ class ClusterSimulator:
         if worker.step_end_s is None:
             self._start(worker, now, steps)
         return True
+
+    def _true_ttft_s(self, worker: SimWorker, trace_request, full_hashes: tuple[int, ...], now: float) -> float:
+        """The TTFT this request would really get on ``worker`` if no other request arrived (the oracle's view)."""
+        total_tokens = trace_request.input_tokens + trace_request.output_tokens
+        if -(-total_tokens // self.block_size_tokens) > worker.pool.capacity_blocks:
+            return math.inf
+        probe = SimRequest(
+            trace_request.request_id, now, trace_request.input_tokens, trace_request.output_tokens, full_hashes, 0
+        )
+        return worker.fork().run_until_first_token(probe, now) - now
 
     def _start(self, worker: SimWorker, now: float, steps: list) -> None:
         end = worker.start_step(now)

@@ -21,6 +21,7 @@ so TTFT = first token − arrival = Q + L + X + P + F.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from collections import deque
@@ -88,6 +89,14 @@ class SimRequest:
     def first_token_s(self) -> float:
         """Time the first token reaches the client."""
         return self.prefill_end_s + self.first_token_overhead_s
+
+    def fork(self) -> SimRequest:
+        """An independent copy, allocation included."""
+        twin = copy.copy(self)
+        if self.allocation is not None:
+            a = self.allocation
+            twin.allocation = Allocation(list(a.cached_hashes), a.private_blocks, a.reused_blocks)
+        return twin
 
 
 class SimWorker:
@@ -175,6 +184,41 @@ class SimWorker:
             recent_step_s=self.last_step_s,
             step_remaining_s=max(0.0, self.step_end_s - now_s) if self.step_end_s is not None else 0.0,
         )
+
+    def fork(self) -> SimWorker:
+        """An independent copy of the worker's whole state, jitter stream included.
+
+        Running the copy forward shows what *would* happen with no further
+        arrivals (the oracle's true T_i); the original is untouched.
+        """
+        twin = copy.copy(self)
+        twins = {id(r): r.fork() for r in (*self.waiting, *self.prefilling, *(e[2] for e in self._decoding))}
+        twin.pool = self.pool.fork()
+        twin._rng = copy.deepcopy(self._rng)
+        twin._jitter = list(self._jitter)
+        twin.waiting = deque(twins[id(r)] for r in self.waiting)
+        twin.prefilling = [twins[id(r)] for r in self.prefilling]
+        twin._decoding = [(f, i, twins[id(r)]) for f, i, r in self._decoding]
+        twin._chunks = [(twins[id(r)], n) for r, n in self._chunks]
+        twin.events = []
+        return twin
+
+    def run_until_first_token(self, request: SimRequest, now_s: float) -> float:
+        """Enqueue ``request`` at ``now_s`` and step until its first token; returns that time.
+
+        Mutates this worker: call it on a :meth:`fork`. Returns ``inf`` when the
+        request can never be admitted (the worker idles with it still waiting).
+        """
+        self.enqueue(request)
+        if self.step_end_s is None:
+            self.start_step(now_s)
+        while math.isnan(request.prefill_end_s):
+            end_s = self.step_end_s
+            if end_s is None:
+                return math.inf
+            self.finish_step(end_s)
+            self.start_step(end_s)
+        return request.first_token_s
 
     # -- requests --------------------------------------------------------------
     def enqueue(self, request: SimRequest) -> None:

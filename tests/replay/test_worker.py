@@ -277,3 +277,32 @@ def test_snapshot_leaves_the_running_chunk_to_step_remaining():
     assert snap.waiting_prefill == ((50, 100),)
     assert snap.step_remaining_s == approx(end - 0.01)
     assert worker.queued_prefill_tokens == 150  # the sampled log still counts the running chunk
+
+
+def test_fork_runs_forward_without_touching_the_original():
+    worker = make_worker(jitter_sigma=0.1)
+    busy = req(0, 0.0, 150, 5, range(1, 16))
+    worker.enqueue(busy)
+    worker.start_step(0.0)
+    before = (worker.step_end_s, worker.queued_prefill_tokens, list(worker._jitter), worker.pool.free_blocks)
+    probe = req(1, 0.01, 45, 3, range(100, 105))
+    first_token_s = worker.fork().run_until_first_token(probe, 0.01)
+    assert (worker.step_end_s, worker.queued_prefill_tokens, list(worker._jitter), worker.pool.free_blocks) == before
+    assert busy.computed_tokens == 0 and not math.isnan(probe.admitted_s)
+    # the same request really enqueued on the original gets exactly the forecast first token
+    real = req(1, 0.01, 45, 3, range(100, 105))
+    assert drive_from(worker, real) == first_token_s
+
+
+def drive_from(worker: SimWorker, request: SimRequest) -> float:
+    worker.enqueue(request)
+    while math.isnan(request.prefill_end_s):
+        end = worker.step_end_s
+        worker.finish_step(end)
+        worker.start_step(end)
+    return request.first_token_s
+
+
+def test_run_until_first_token_is_inf_when_never_admitted():
+    worker = make_worker(capacity_blocks=3)
+    assert worker.fork().run_until_first_token(req(0, 0.0, 45, 1, range(1, 6)), 0.0) == math.inf
