@@ -25,7 +25,7 @@ from kvcost.data.traces import BUNDLED_TRACES, TraceFormatError
 from kvcost.models.hardware import MODELS
 from kvcost.replay.experiment import Configuration
 from kvcost.replay.outputs import comparison_rows
-from kvcost.replay.runner import RunSpec, execute, experiment_arms, prepare
+from kvcost.replay.runner import RunSpec, bench_policies, execute, execute_bench, experiment_arms, prepare
 from kvcost.serving.policies import ROUTER_POLICIES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
@@ -162,6 +162,70 @@ def replay_command(
     spec = _guard(lambda: _prepare(options))
     enabled = cache is CacheSwitch.on
     _run(spec, [Configuration(f"{policy}_{'cache' if enabled else 'nocache'}", policy, enabled)])
+
+
+@app.command()
+def bench(
+    trace: TraceOpt = "mooncake-conversation",
+    quick: Annotated[bool, typer.Option(help="Replay only the first 120 s of trace time (CI smoke run).")] = False,
+    sizes: Annotated[str, typer.Option(help="Cluster sizes, comma-separated worker counts.")] = "4,8",
+    policies: Annotated[str | None, typer.Option(help="Comma-separated policies (default: all).")] = None,
+    seed: SeedOpt = 0,
+    jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = 2,
+    out: OutOpt = None,
+) -> None:
+    """Every policy at ~60/80/95 % utilisation on 4 and 8 workers: bench.json, bench.md, plots."""
+
+    def parse() -> tuple[list[int], list[str]]:
+        try:
+            size_list = [int(x) for x in sizes.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"sizes = {sizes!r}, expected comma-separated integers such as '4,8'") from None
+        return size_list, bench_policies([p.strip() for p in policies.split(",")] if policies else None)
+
+    size_list, names = _guard(parse)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    total = len(size_list) * 3 * len(names)
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("bench cells", total=total)
+        result = _guard(
+            lambda: execute_bench(
+                trace,
+                sizes=size_list,
+                policies=names,
+                quick=quick,
+                seed=seed,
+                jobs=jobs,
+                out=out,
+                progress=lambda n: progress.advance(task, n),
+            )
+        )
+    _print_bench(result)
+
+
+def _print_bench(result: dict) -> None:
+    table = Table(
+        "workers",
+        "load",
+        "policy",
+        "TTFT P99 (s)",
+        "× best baseline",
+        "× oracle",
+        "hit ratio",
+        title=f"kvcost bench — {result['trace']} ({result['window']})",
+    )
+    for r in sorted(result["results"], key=lambda r: (r["workers"], r["load"], r["ttft_p99_s"])):
+        table.add_row(
+            str(r["workers"]),
+            r["load"],
+            r["policy"],
+            f"{r['ttft_p99_s']:.2f}",
+            f"{r['p99_vs_best_baseline']:.2f}",
+            f"{r['p99_vs_oracle']:.2f}",
+            f"{r['hit_ratio']:.1%}",
+        )
+    console.print(table)
+    console.print(f"report: {Path(result['out']) / 'bench.md'}")
 
 
 def _prepare(options: dict) -> RunSpec:

@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from kvcost.data.store import LogStore  # noqa: E402
@@ -87,7 +88,8 @@ def comparison_rows(configs: dict[str, dict]) -> tuple[list[str], list[list[str]
     return header, rows
 
 
-def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A GitHub-flavoured Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -103,7 +105,7 @@ def write_report_md(path: Path, summary: dict, setup_lines: list[str], plots: li
         *[f"- {line}" for line in setup_lines],
         "",
         "## Comparison",
-        _markdown_table(header, rows),
+        markdown_table(header, rows),
         "",
         "Utilisation: share of the measured span during which a worker had a request waiting for its first token.",
         "Directory mismatch: reuse the directory promised at routing time that was gone at admission (evicted",
@@ -149,12 +151,12 @@ def plot_ttft_cdf(results: dict[str, ReplayResult], path: Path, caption: str) ->
     plt.close(fig)
 
 
-def plot_queues(results: dict[str, ReplayResult], path: Path, caption: str) -> None:
-    """Each worker's queued prefill tokens over replay time, one panel per configuration, shared y-axis."""
-    n = len(results)
+def plot_queues(samples: dict[str, pd.DataFrame], path: Path, caption: str) -> None:
+    """Each worker's queued prefill tokens over replay time, one panel per run (``worker_samples``), shared y."""
+    n = len(samples)
     fig, axes = plt.subplots(n, 1, figsize=(8, 2.4 * n + 0.8), sharex=True, sharey=True, squeeze=False)
-    for ax, (name, result) in zip(axes[:, 0], results.items(), strict=True):
-        for worker_id, group in result.worker_samples.groupby("worker_id"):
+    for ax, (name, frame) in zip(axes[:, 0], samples.items(), strict=True):
+        for worker_id, group in frame.groupby("worker_id"):
             ax.plot(group["t_s"], group["queued_prefill_tokens"], lw=0.7, alpha=0.75, label=f"worker {worker_id}")
         ax.set_title(name, fontsize=10)
         ax.set_ylabel("queued prefill\ntokens")

@@ -18,11 +18,24 @@ import duckdb
 
 from kvcost.data.store import LogStore
 from kvcost.data.traces import Trace, load_trace
+from kvcost.replay.bench import (
+    BASELINES,
+    KVCOST_POLICIES,
+    QUICK_DURATION_S,
+    REFERENCE_POLICIES,
+    add_ratios,
+    bench_cells,
+    best_baseline,
+    rate_scales,
+    run_bench,
+)
+from kvcost.replay.bench_report import plot_hit_vs_p99, plot_p99_vs_load, write_bench_json, write_bench_md
 from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
 from kvcost.replay.experiment import CONFIGURATIONS, Configuration, configure, replay, study_summary
 from kvcost.replay.metrics import infinite_cache_hit_ratio
 from kvcost.replay.outputs import log_replay, plot_queues, plot_ttft_cdf, write_report_md, write_summary_json
 from kvcost.replay.simulator import ReplayResult
+from kvcost.serving.policies import ROUTER_POLICIES
 
 
 @dataclass(frozen=True)
@@ -168,7 +181,7 @@ def _write_files(spec: RunSpec, summary: dict, results: dict[str, ReplayResult],
     caption = f"{spec.trace_arg}, rate scale {spec.trace.rate_scale:g}, {spec.config.workers} workers"
     write_summary_json(spec.out / "summary.json", summary)
     plot_ttft_cdf(results, spec.out / "ttft_cdf.png", caption)
-    plot_queues(results, spec.out / "queued_prefill_tokens.png", caption)
+    plot_queues({k: r.worker_samples for k, r in results.items()}, spec.out / "queued_prefill_tokens.png", caption)
     plots = ["ttft_cdf.png", "queued_prefill_tokens.png"]
     write_report_md(spec.out / "report.md", summary, _setup_lines(spec, results, run_ids), plots)
 
@@ -194,3 +207,70 @@ def _setup_lines(spec: RunSpec, results: dict[str, ReplayResult], run_ids: dict[
         f"ground truth beyond the router's model: per-step log-normal jitter σ={c.jitter_sigma:g}; stragglers: {slow}",
         f"seed {c.seed}; DuckDB log `{spec.db}`; {measured}",
     ]
+
+
+def bench_policies(requested: Sequence[str] | None) -> list[str]:
+    """Policies to benchmark: ``requested`` (validated), or every registered baseline, kvcost and reference policy."""
+    if requested:
+        for name in requested:
+            ROUTER_POLICIES.get(name)
+        return list(requested)
+    names = [*REFERENCE_POLICIES[:2], *BASELINES, *KVCOST_POLICIES, REFERENCE_POLICIES[2]]
+    return [name for name in names if name in ROUTER_POLICIES]
+
+
+def execute_bench(
+    trace: str,
+    *,
+    sizes: Sequence[int],
+    policies: Sequence[str],
+    quick: bool,
+    seed: int,
+    jobs: int,
+    out: Path | None,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Run the benchmark grid and write ``bench.json``, ``bench.md`` and plots into ``out``.
+
+    Raises:
+        ValueError / KeyError: unknown policy or trace, bad size, unwritable output.
+    """
+    for workers in sizes:
+        if workers < 1:
+            raise ValueError(f"sizes contains {workers}, expected worker counts ≥ 1")
+    duration_s = QUICK_DURATION_S if quick else None
+    load_trace(trace, duration_s=duration_s, spread_seed=seed)  # fail fast on a bad trace
+    out = out if out is not None else Path("runs") / f"bench-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    _make_out(out)
+    cells = bench_cells(policies, sizes)
+    queue_cell = (min(sizes), "80%")
+    rows = run_bench(cells, trace, duration_s, seed, jobs, lambda c: (c.workers, c.load) == queue_cell, progress)
+    add_ratios(rows)
+    window = f"first {QUICK_DURATION_S:g} s of trace time" if quick else "whole trace"
+    header = {
+        "trace": trace,
+        "seed": seed,
+        "quick": quick,
+        "window": window,
+        "sizes": list(sizes),
+        "load_levels": {str(w): rate_scales(w) for w in sizes},
+    }
+    plots = ["p99_vs_load.png", "hit_ratio_vs_p99.png", "worker_queues.png"]
+    write_bench_json(out / "bench.json", header, rows)
+    plot_p99_vs_load(rows, out / plots[0])
+    plot_hit_vs_p99(rows, out / plots[1])
+    _plot_bench_queues(rows, queue_cell, out / plots[2])
+    write_bench_md(out / "bench.md", header, rows, plots)
+    return {**header, "out": str(out), "results": rows}
+
+
+def _plot_bench_queues(rows: list[dict], cell: tuple[int, str], path: Path) -> None:
+    workers, load = cell
+    base = best_baseline(rows, workers, load)
+    wanted = [name for name in (base, *KVCOST_POLICIES) if name]
+    samples = {
+        r["policy"]: r["worker_samples"]
+        for r in rows
+        if r["workers"] == workers and r["load"] == load and r["policy"] in wanted
+    }
+    plot_queues(samples, path, f"{workers} workers, {load} load (best baseline vs kvcost)")

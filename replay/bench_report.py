@@ -1,0 +1,163 @@
+"""Outputs of ``kvcost bench``: ``bench.json``, ``bench.md`` and three plots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from kvcost.replay.bench import BASELINES, KVCOST_POLICIES, best_baseline  # noqa: E402
+from kvcost.replay.outputs import format_value, markdown_table, write_summary_json  # noqa: E402
+
+_COLUMNS = (
+    ("ttft_p50_s", "TTFT P50 (s)"),
+    ("ttft_p90_s", "TTFT P90 (s)"),
+    ("ttft_p99_s", "TTFT P99 (s)"),
+    ("tpot_p50_s", "TPOT P50 (s)"),
+    ("hit_ratio", "hit ratio"),
+    ("max_worker_share", "max worker share"),
+    ("utilisation", "utilisation"),
+    ("p99_vs_best_baseline", "P99 / best baseline"),
+    ("p99_vs_oracle", "P99 / oracle"),
+)
+
+
+def _groups(rows: list[dict]) -> list[tuple[int, str]]:
+    seen: list[tuple[int, str]] = []
+    for r in rows:
+        if (r["workers"], r["load"]) not in seen:
+            seen.append((r["workers"], r["load"]))
+    return seen
+
+
+def _ratio(value) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}×"
+
+
+def write_bench_json(path: Path, header: dict, rows: list[dict]) -> None:
+    """``{**header, "results": [one object per (policy, load, workers)]}``."""
+    cells = [{k: v for k, v in r.items() if k != "worker_samples"} for r in rows]
+    write_summary_json(path, {**header, "results": cells})
+
+
+def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str]) -> None:
+    """Tables sorted by P99 per (cluster size, load level) and a one-paragraph reading."""
+    parts = [f"# kvcost bench — {header['trace']}", "", reading(rows), ""]
+    for workers, load in _groups(rows):
+        group = sorted(
+            (r for r in rows if r["workers"] == workers and r["load"] == load), key=lambda r: r["ttft_p99_s"]
+        )
+        table = [
+            [r["policy"], *(_ratio(r.get(k)) if k.startswith("p99_vs") else format_value(k, r[k]) for k, _ in _COLUMNS)]
+            for r in group
+        ]
+        parts += [f"## {workers} workers, {load} load (rate scale {group[0]['rate_scale']:g})", ""]
+        parts += [markdown_table(["policy", *(label for _, label in _COLUMNS)], table), ""]
+    parts += [
+        f"Set-up: {header['trace']}, window {header['window']}, seed {header['seed']}, prefix cache on, "
+        "A100-80GB workers serving Llama-3-8B. Utilisation is the share of time a worker had a request "
+        "waiting for its first token.",
+        "",
+        *[f"![{p}]({p})" for p in plots],
+        "",
+    ]
+    path.write_text("\n".join(parts))
+
+
+def reading(rows: list[dict]) -> str:
+    """One paragraph: who wins where, how kvcost compares, where hit ratio and P99 disagree."""
+    sentences = []
+    for workers, load in _groups(rows):
+        group = {r["policy"]: r for r in rows if r["workers"] == workers and r["load"] == load}
+        base = best_baseline(rows, workers, load)
+        line = f"{workers} workers at {load} load: "
+        if base:
+            line += f"best baseline {base} (P99 {group[base]['ttft_p99_s']:.2f} s)"
+        for name in KVCOST_POLICIES:
+            if name in group:
+                r = group[name]
+                line += (
+                    f"; {name} P99 {r['ttft_p99_s']:.2f} s = {_ratio(r.get('p99_vs_best_baseline'))} the best "
+                    f"baseline, {_ratio(r.get('p99_vs_oracle'))} the oracle"
+                )
+        sentences.append(line + ".")
+        sentences += _hit_ratio_warnings(group)
+    return " ".join(sentences)
+
+
+def _hit_ratio_warnings(group: dict[str, dict]) -> list[str]:
+    best = min(group.values(), key=lambda r: r["ttft_p99_s"])
+    worse = [
+        r
+        for r in group.values()
+        if r["hit_ratio"] > best["hit_ratio"] + 0.005 and r["ttft_p99_s"] > 1.2 * best["ttft_p99_s"]
+    ]
+    if not worse:
+        return []
+    top = max(worse, key=lambda r: r["hit_ratio"])
+    return [
+        f"Higher hit ratio, worse P99: {top['policy']} reuses {top['hit_ratio']:.1%} of tokens vs "
+        f"{best['hit_ratio']:.1%} for {best['policy']} yet its P99 is {top['ttft_p99_s'] / best['ttft_p99_s']:.1f}× "
+        f"worse (max worker share {top['max_worker_share']:.0%}: queueing on hot workers)."
+    ]
+
+
+def _style(policy: str) -> dict:
+    if policy in KVCOST_POLICIES:
+        return {"lw": 2.4, "marker": "o"}
+    if policy == "oracle":
+        return {"lw": 1.4, "ls": "--", "color": "black", "marker": "x"}
+    if policy in BASELINES:
+        return {"lw": 1.2, "marker": "."}
+    return {"lw": 1.0, "ls": ":", "marker": "."}
+
+
+def plot_p99_vs_load(rows: list[dict], path: Path) -> None:
+    """TTFT P99 (log) against measured utilisation, one line per policy, one panel per size."""
+    sizes = sorted({r["workers"] for r in rows})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.6), squeeze=False, sharey=True)
+    for ax, workers in zip(axes[0], sizes, strict=True):
+        for policy in dict.fromkeys(r["policy"] for r in rows):
+            pts = sorted(
+                (r["utilisation"], r["ttft_p99_s"]) for r in rows if r["policy"] == policy and r["workers"] == workers
+            )
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=policy, **_style(policy))
+        ax.set_yscale("log")
+        ax.set_xlabel("measured utilisation")
+        ax.set_title(f"{workers} workers", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0, 0].set_ylabel("TTFT P99 (s, log scale)")
+    axes[0, -1].legend(fontsize=7, loc="upper left")
+    fig.suptitle("TTFT P99 against load", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_hit_vs_p99(rows: list[dict], path: Path) -> None:
+    """Hit ratio against TTFT P99, one marker per cell; a higher hit ratio need not mean a better P99."""
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        pts = [r for r in rows if r["policy"] == policy]
+        style = _style(policy)
+        ax.scatter(
+            [r["hit_ratio"] for r in pts],
+            [r["ttft_p99_s"] for r in pts],
+            label=policy,
+            marker=style.get("marker", "."),
+            s=40 if policy in KVCOST_POLICIES else 22,
+            color=style.get("color"),
+        )
+    ax.set_yscale("log")
+    ax.set_xlabel("token hit ratio")
+    ax.set_ylabel("TTFT P99 (s, log scale)")
+    ax.set_title("Hit ratio vs TTFT P99 (every size and load)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
