@@ -1,0 +1,91 @@
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from kvcost.cli import app
+from kvcost.replay.bench import BenchCell, add_ratios, bench_cells, best_baseline, rate_scales
+from kvcost.replay.bench_report import reading
+
+
+def test_rate_scales_calibrated_and_scaled():
+    assert rate_scales(4) == {"60%": 0.48, "80%": 0.565, "95%": 0.595}
+    assert rate_scales(2) == {"60%": 0.24, "80%": 0.2825, "95%": 0.2975}
+
+
+def test_grid_order_is_size_load_policy():
+    cells = bench_cells(["a", "b"], [4])
+    assert cells[:3] == [
+        BenchCell("a", "60%", 4, 0.48),
+        BenchCell("b", "60%", 4, 0.48),
+        BenchCell("a", "80%", 4, 0.565),
+    ]
+    assert len(cells) == 6
+
+
+def _row(policy, p99, hit=0.05, share=0.3, workers=4, load="80%"):
+    return {
+        "policy": policy,
+        "workers": workers,
+        "load": load,
+        "ttft_p99_s": p99,
+        "hit_ratio": hit,
+        "max_worker_share": share,
+    }
+
+
+def test_ratios_against_best_baseline_and_oracle():
+    rows = [_row("dynamo_kv", 10.0), _row("llmd_default", 8.0), _row("cost_aware", 6.0), _row("oracle", 5.0)]
+    add_ratios(rows)
+    assert best_baseline(rows, 4, "80%") == "llmd_default"
+    assert [r["p99_vs_best_baseline"] for r in rows] == [1.25, 1.0, 0.75, 0.625]
+    assert [r["p99_vs_oracle"] for r in rows] == [2.0, 1.6, 1.2, 1.0]
+
+
+def test_ratios_without_oracle_are_nan():
+    rows = [_row("dynamo_kv", 10.0), _row("cost_aware", 6.0)]
+    add_ratios(rows)
+    assert math.isnan(rows[1]["p99_vs_oracle"]) and rows[1]["p99_vs_best_baseline"] == 0.6
+
+
+def test_reading_flags_higher_hit_ratio_with_worse_p99():
+    rows = [_row("dynamo_kv", 10.0, hit=0.05), _row("sglang_cache_aware", 30.0, hit=0.12, share=0.7)]
+    add_ratios(rows)
+    text = reading(rows)
+    assert "best baseline dynamo_kv (P99 10.00 s)" in text
+    assert "Higher hit ratio, worse P99: sglang_cache_aware reuses 12.0% of tokens vs 5.0% for dynamo_kv" in text
+    assert "3.0× worse (max worker share 70%" in text
+
+
+@pytest.mark.slow
+def test_bench_quick_writes_every_output(tmp_path):
+    args = [
+        "bench",
+        "--quick",
+        "--sizes",
+        "2",
+        "--policies",
+        "least_loaded,cost_aware,oracle",
+        "--jobs",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    assert bench["quick"] is True and len(bench["results"]) == 9
+    assert {r["policy"] for r in bench["results"]} == {"least_loaded", "cost_aware", "oracle"}
+    oracle = [r for r in bench["results"] if r["policy"] == "oracle"]
+    assert all(r["p99_vs_oracle"] == 1.0 for r in oracle)
+    for name in ("bench.md", "p99_vs_load.png", "hit_ratio_vs_p99.png", "worker_queues.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_bench_rejects_bad_sizes_and_policies(tmp_path):
+    runner = CliRunner()
+    bad = runner.invoke(app, ["bench", "--sizes", "four", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "sizes = 'four'" in bad.output
+    bad = runner.invoke(app, ["bench", "--policies", "magic", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "unknown router policy 'magic'" in bad.output
