@@ -47,7 +47,7 @@ WarmupOpt = Annotated[float, typer.Option(help="Simulate but do not measure arri
 LagOpt = Annotated[float, typer.Option(help="Delay of KV events to the router's directory, seconds.")]
 SlowOpt = Annotated[
     list[str] | None,
-    typer.Option(help="Straggler WORKER:FACTOR\\[@T_S]: step times × FACTOR from replay time T_S; repeatable."),
+    typer.Option(help="Straggler WORKER:SPEED\\[@T_S]: runs at SPEED × nominal (0.6 = 60 %) from replay time T_S."),
 ]
 BudgetOpt = Annotated[int, typer.Option(min=1, help="Tokens per continuous-batching step.")]
 ModelOpt = Annotated[str, typer.Option(help=f"Model served by every worker: {', '.join(MODELS.names())}.")]

@@ -12,10 +12,14 @@ from kvcost.serving.router import RouterSettings
 
 @dataclass(frozen=True, slots=True)
 class Slowdown:
-    """Worker ``worker_id`` runs ``factor`` × slower from simulated time ``from_s`` on (a straggler)."""
+    """Worker ``worker_id`` runs at ``speed_fraction`` of its nominal speed from replay time ``from_s`` on.
+
+    ``speed_fraction`` 0.6 means step times ÷ 0.6 (a straggler at 60 % speed); values
+    above 1 make a worker faster than its GPU type's profile.
+    """
 
     worker_id: int
-    factor: float
+    speed_fraction: float
     from_s: float = 0.0
 
 
@@ -81,7 +85,12 @@ class ClusterConfig:
                 slow.worker_id,
                 f"a worker index in [0, {len(self.fleet) - 1}]",
             )
-            _check(slow.factor > 0 and math.isfinite(slow.factor), "slowdown factor", slow.factor, "a number > 0")
+            _check(
+                slow.speed_fraction > 0 and math.isfinite(slow.speed_fraction),
+                "slowdown speed fraction",
+                slow.speed_fraction,
+                "a number > 0",
+            )
 
     @property
     def workers(self) -> int:
@@ -119,19 +128,19 @@ def parse_fleet(spec: str | None, workers: int) -> tuple[str, ...]:
 
 
 def parse_slowdown(spec: str) -> Slowdown:
-    """Parse ``--slowdown WORKER:FACTOR[@T_S]`` (e.g. ``"1:2.5@600"``).
+    """Parse ``--slowdown WORKER:SPEED[@T_S]`` (e.g. ``"1:0.6@600"``: worker 1 at 60 % speed from 600 s).
 
     Raises:
         ValueError: the spec does not match, naming the value and the expected form.
     """
     match = re.fullmatch(r"\s*(\d+)\s*:\s*([0-9.eE+-]+)\s*(?:@\s*([0-9.eE+-]+))?\s*", spec)
     if not match:
-        raise ValueError(f"slowdown {spec!r}, expected WORKER:FACTOR[@T_S] such as '1:2.0@600'")
+        raise ValueError(f"slowdown {spec!r}, expected WORKER:SPEED[@T_S] such as '1:0.6@600'")
     try:
         factor = float(match.group(2))
         from_s = float(match.group(3)) if match.group(3) else 0.0
     except ValueError:
-        raise ValueError(f"slowdown {spec!r}, expected numbers in WORKER:FACTOR[@T_S]") from None
+        raise ValueError(f"slowdown {spec!r}, expected numbers in WORKER:SPEED[@T_S]") from None
     _check(from_s >= 0, "slowdown start", from_s, "a time ≥ 0 s")
-    _check(factor > 0 and math.isfinite(factor), "slowdown factor", factor, "a number > 0")
+    _check(factor > 0 and math.isfinite(factor), "slowdown speed fraction", factor, "a number > 0")
     return Slowdown(int(match.group(1)), factor, from_s)

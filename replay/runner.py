@@ -69,7 +69,7 @@ def prepare(
         trace: bundled trace name or path.
         workers: worker count when ``fleet`` is None.
         fleet: GPU mix such as ``"a100:2,h100:2"``.
-        slowdowns: ``WORKER:FACTOR[@T_S]`` strings.
+        slowdowns: ``WORKER:SPEED[@T_S]`` strings.
         start_s, duration_s: trace window, seconds of *trace* time.
         rate_scale: arrival times are divided by it.
         skip_bad_lines: skip malformed trace lines instead of failing.
@@ -195,7 +195,8 @@ def _setup_lines(spec: RunSpec, results: dict[str, ReplayResult], run_ids: dict[
     )
     window = f"{t.start_s:g} s + {t.duration_s:g} s" if t.duration_s else f"from {t.start_s:g} s to the end"
     cache = f"warmed by arrivals before {c.warmup_s:g} s of replay time (not measured)" if c.warmup_s else "cold"
-    slow = ", ".join(f"worker {x.worker_id} × {x.factor:g} from {x.from_s:g} s" for x in c.slowdowns) or "none"
+    slow = ", ".join(f"worker {x.worker_id} at {x.speed_fraction:.0%} speed from {x.from_s:g} s" for x in c.slowdowns)
+    slow = slow or "none"
     measured = ", ".join(f"{k}: {v.requests.shape[0]} measured (run `{run_ids[k]}`)" for k, v in results.items())
     return [
         f"trace `{spec.trace_arg}`: {len(t)} requests in the window {window} of trace time; "

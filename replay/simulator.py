@@ -88,7 +88,7 @@ class ClusterSimulator:
         slow = [s for s in self.config.slowdowns if s.worker_id == worker_id]
         truth = WorkerTruth(
             jitter_sigma=self.config.jitter_sigma,
-            slowdown_factor=slow[-1].factor if slow else 1.0,
+            speed_fraction=slow[-1].speed_fraction if slow else 1.0,
             slowdown_from_s=slow[-1].from_s if slow else math.inf,
         )
         capacity_blocks = self.config.kv_capacity_blocks or step_model.kv_capacity_blocks(

@@ -45,13 +45,14 @@ class WorkerTruth:
     Attributes:
         jitter_sigma: σ of the log-normal multiplicative per-step jitter (default 0.05,
             an assumption of ~5 % step-to-step variation), ≥ 0.
-        slowdown_factor: step-time multiplier once straggling (≥ 1 slows down).
+        speed_fraction: the worker's speed relative to its GPU type once straggling
+            (0.6: step times ÷ 0.6), > 0.
         slowdown_from_s: simulated time from which the slowdown applies.
         costs: actual lookup and first-token costs (default equal to the nominal ones).
     """
 
     jitter_sigma: float = 0.05
-    slowdown_factor: float = 1.0
+    speed_fraction: float = 1.0
     slowdown_from_s: float = math.inf
     costs: NominalCosts = field(default_factory=NominalCosts)
 
@@ -338,4 +339,4 @@ class SimWorker:
         return self._jitter.pop()
 
     def _slowdown(self, now_s: float) -> float:
-        return self.truth.slowdown_factor if now_s >= self.truth.slowdown_from_s else 1.0
+        return 1.0 / self.truth.speed_fraction if now_s >= self.truth.slowdown_from_s else 1.0

@@ -33,7 +33,7 @@ def test_parse_fleet_errors():
 
 
 def test_parse_slowdown():
-    assert parse_slowdown("1:2.5@600") == Slowdown(worker_id=1, factor=2.5, from_s=600.0)
+    assert parse_slowdown("1:2.5@600") == Slowdown(worker_id=1, speed_fraction=2.5, from_s=600.0)
     assert parse_slowdown("0:3") == Slowdown(0, 3.0, 0.0)
     assert parse_slowdown(" 2 : 1.5 @ 1e2 ") == Slowdown(2, 1.5, 100.0)
 
@@ -41,17 +41,17 @@ def test_parse_slowdown():
 def test_parse_slowdown_errors():
     for bad in ("x:2", "1", "1:", "1:2@", "-1:2", "1:2 600", "1:2@600s"):
         assert error(ValueError, parse_slowdown, bad) == (
-            f"slowdown {bad!r}, expected WORKER:FACTOR[@T_S] such as '1:2.0@600'"
+            f"slowdown {bad!r}, expected WORKER:SPEED[@T_S] such as '1:0.6@600'"
         )
     for bad in ("1:2.5.1", "1:2@6-0", "1:e"):
-        assert error(ValueError, parse_slowdown, bad) == (f"slowdown {bad!r}, expected numbers in WORKER:FACTOR[@T_S]")
+        assert error(ValueError, parse_slowdown, bad) == (f"slowdown {bad!r}, expected numbers in WORKER:SPEED[@T_S]")
     assert error(ValueError, parse_slowdown, "1:2@-5") == "slowdown start = -5.0, expected a time ≥ 0 s"
 
 
 def test_non_positive_factor_is_rejected_by_parser_and_config():
-    assert error(ValueError, parse_slowdown, "1:0") == "slowdown factor = 0.0, expected a number > 0"
+    assert error(ValueError, parse_slowdown, "1:0") == "slowdown speed fraction = 0.0, expected a number > 0"
     slow = Slowdown(1, 0.0)
-    assert error(ValueError, ClusterConfig, slowdowns=(slow,)) == ("slowdown factor = 0.0, expected a number > 0")
+    assert error(ValueError, ClusterConfig, slowdowns=(slow,)) == ("slowdown speed fraction = 0.0, expected a number > 0")
 
 
 def test_cluster_config_defaults():
@@ -74,8 +74,8 @@ def test_cluster_config_defaults():
         ("fleet", (), "fleet is empty, expected at least one worker"),
         ("slowdowns", (Slowdown(4, 2.0),), "slowdown worker = 4, expected a worker index in [0, 3]"),
         ("slowdowns", (Slowdown(-1, 2.0),), "slowdown worker = -1, expected a worker index in [0, 3]"),
-        ("slowdowns", (Slowdown(0, -2.0),), "slowdown factor = -2.0, expected a number > 0"),
-        ("slowdowns", (Slowdown(0, math.inf),), "slowdown factor = inf, expected a number > 0"),
+        ("slowdowns", (Slowdown(0, -2.0),), "slowdown speed fraction = -2.0, expected a number > 0"),
+        ("slowdowns", (Slowdown(0, math.inf),), "slowdown speed fraction = inf, expected a number > 0"),
     ],
 )
 def test_cluster_config_validation_names_field_and_value(field, value, message):

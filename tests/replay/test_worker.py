@@ -241,7 +241,7 @@ def test_snapshot_queue_accounting_uses_predicted_then_actual_reuse():
 
 
 def test_slowdown_scales_compute_but_not_lookup():
-    worker = make_worker(slowdown_factor=2.0, slowdown_from_s=1.0)
+    worker = make_worker(speed_fraction=0.5, slowdown_from_s=1.0)
     a = req(0, 0.0, 45, 1, [1, 2, 3, 4, 5])
     b = req(1, 1.0, 45, 1, [6, 7, 8, 9, 10])
     drive(worker, [a, b])
