@@ -51,7 +51,9 @@ def test_parse_slowdown_errors():
 def test_non_positive_factor_is_rejected_by_parser_and_config():
     assert error(ValueError, parse_slowdown, "1:0") == "slowdown speed fraction = 0.0, expected a number > 0"
     slow = Slowdown(1, 0.0)
-    assert error(ValueError, ClusterConfig, slowdowns=(slow,)) == ("slowdown speed fraction = 0.0, expected a number > 0")
+    assert error(ValueError, ClusterConfig, slowdowns=(slow,)) == (
+        "slowdown speed fraction = 0.0, expected a number > 0"
+    )
 
 
 def test_cluster_config_defaults():
