@@ -184,6 +184,7 @@ class SimWorker:
             idle_cached_blocks=self.pool.idle_blocks,
             recent_step_s=self.last_step_s,
             step_remaining_s=max(0.0, self.step_end_s - now_s) if self.step_end_s is not None else 0.0,
+            kv_capacity_blocks=self.pool.capacity_blocks,
         )
 
     def fork(self) -> SimWorker:

@@ -32,9 +32,14 @@ class RoutedPrefixIndex:
         self._lru: dict[int, OrderedDict[int, float]] = {}
 
     def insert(self, worker_id: int, block_hashes: Sequence[int], now_s: float) -> None:
-        """Record that ``block_hashes`` were routed to ``worker_id`` at ``now_s`` (most recently used)."""
+        """Record that ``block_hashes`` (prompt order) were routed to ``worker_id`` at ``now_s``.
+
+        The blocks are touched deepest first, so the prompt's root ends most
+        recently used and LRU trimming removes the deepest blocks first, as
+        radix-tree leaf eviction does; a trimmed chain keeps a matchable head.
+        """
         lru = self._lru.setdefault(worker_id, OrderedDict())
-        for block_hash in block_hashes:
+        for block_hash in reversed(block_hashes):
             lru[block_hash] = now_s
             lru.move_to_end(block_hash)
 
@@ -53,14 +58,15 @@ class RoutedPrefixIndex:
         """Blocks remembered for ``worker_id``."""
         return len(self._lru.get(worker_id, ()))
 
-    def trim(self, max_blocks_per_worker: int) -> int:
-        """Drop least recently routed blocks until each worker holds at most ``max_blocks_per_worker``.
+    def trim(self, max_blocks_per_worker: int, worker_id: int | None = None) -> int:
+        """Drop least recently routed blocks until each worker (or just ``worker_id``) holds at most the limit.
 
         Returns:
             Blocks dropped.
         """
         dropped = 0
-        for lru in self._lru.values():
+        lrus = self._lru.values() if worker_id is None else [self._lru.get(worker_id, OrderedDict())]
+        for lru in lrus:
             while len(lru) > max_blocks_per_worker:
                 lru.popitem(last=False)
                 dropped += 1

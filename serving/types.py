@@ -50,6 +50,8 @@ class WorkerSnapshot:
         idle_cached_blocks: cached blocks with reference count 0.
         recent_step_s: duration of the last finished step (0 if none yet).
         step_remaining_s: time left in the step now running (0 when idle).
+        kv_capacity_blocks: the worker's KV capacity in blocks (vLLM reports
+            ``num_gpu_blocks``); 0 when unknown.
     """
 
     worker_id: int
@@ -61,6 +63,7 @@ class WorkerSnapshot:
     idle_cached_blocks: int
     recent_step_s: float
     step_remaining_s: float
+    kv_capacity_blocks: int = 0
 
     @property
     def waiting_requests(self) -> int:

@@ -32,7 +32,18 @@ def context(make_snapshot, queue_s, prefill_s, reusable=None, load=None, allowed
 
 
 def test_registry_names_and_unknown():
-    assert {"cost_aware", "least_loaded", "round_robin"} <= set(ROUTER_POLICIES.names())
+    assert ROUTER_POLICIES.names() == [
+        "aibrix_prefix_cache",
+        "cost_aware",
+        "dynamo_kv",
+        "least_loaded",
+        "llmd_default",
+        "mooncake_conductor",
+        "oracle",
+        "preble_e2",
+        "round_robin",
+        "sglang_cache_aware",
+    ]
     with pytest.raises(KeyError) as err:
         make_policy("random")
     assert err.value.args[0] == (
