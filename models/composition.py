@@ -56,3 +56,11 @@ class TermPredictions:
         return np.column_stack(
             [self.queue_s, self.lookup_s, self.transfer_s, self.prefill_s, self.first_token_s, self.ttft_s]
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CalibratedTTFT:
+    """Calibrated TTFT per candidate: ``p50_s`` (the routing score) and ``p90_s`` upper bounds, ``(n,)`` seconds."""
+
+    p50_s: np.ndarray
+    p90_s: np.ndarray

@@ -8,6 +8,7 @@ carries its full per-candidate breakdown for the log.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from kvcost.models.hardware import StepTimeModel
 from kvcost.serving.directory import CacheDirectory, reusable_tokens_for
 from kvcost.serving.policies import PolicyContext, make_policy
 from kvcost.serving.types import RouteDecision, RouteRequest, WorkerSnapshot
+
+_log = logging.getLogger(__name__)
 
 #: Default estimate of a decoding request's remaining output tokens, used by the
 #: load measure of ``least_loaded`` (assumption; the Mooncake conversation trace
@@ -72,21 +75,44 @@ class Router:
         directory: the cache directory it reads (fed elsewhere by KV events).
         step_models: nominal step-time model per GPU type name.
         settings: policy and limits.
+        cost_model: per-term predictor of the candidates' TTFT: anything with
+            ``predict(features) -> TermPredictions`` and, for a learned model,
+            ``calibrate(predictions) -> CalibratedTTFT``. None = the analytic model.
+            ``learned_cost_aware`` without a learned model falls back to the
+            analytic one and says so once (a log warning and ``fallbacks``).
 
     Thread safety: not thread-safe (the skew window and stateful policies
     change on every decision); one router per event loop.
     """
 
     def __init__(
-        self, directory: CacheDirectory, step_models: Mapping[str, StepTimeModel], settings: RouterSettings
+        self,
+        directory: CacheDirectory,
+        step_models: Mapping[str, StepTimeModel],
+        settings: RouterSettings,
+        cost_model: object | None = None,
     ) -> None:
         self.directory = directory
         self.step_models = dict(step_models)
         self.settings = settings
         self.policy = make_policy(settings.policy)
+        self.fallbacks = 0
         self.cost_model = AnalyticCostModel()
+        self.set_cost_model(cost_model)
         self._window: deque[tuple[int, int]] = deque(maxlen=settings.skew_window_requests)
         self._window_tokens: dict[int, int] = {}
+
+    def set_cost_model(self, cost_model: object | None) -> None:
+        """Swap the cost model (e.g. newly retrained models); None = the analytic model."""
+        if cost_model is None and self.settings.policy == "learned_cost_aware" and not self.fallbacks:
+            _log.warning("learned_cost_aware has no learned model: routing with the analytic model")
+            self.fallbacks += 1
+        self.cost_model = cost_model if cost_model is not None else AnalyticCostModel()
+
+    @property
+    def learned(self) -> bool:
+        """Whether the current cost model is learned (it calibrates)."""
+        return hasattr(self.cost_model, "calibrate")
 
     def route(
         self,
@@ -117,6 +143,7 @@ class Router:
         )
         features = build_features(request, snapshots, matches, reusable, self.step_models, self.settings.costs)
         predictions = self.cost_model.predict(features)
+        calibrated = self.cost_model.calibrate(predictions) if self.learned else None
         ctx = PolicyContext(
             request=request,
             snapshots=tuple(snapshots),
@@ -128,6 +155,7 @@ class Router:
             matches=tuple(matches),
             step_models=self.step_models,
             features=features,
+            calibrated=calibrated,
             true_ttft_s=true_ttft_s,
         )
         index, reason = self.policy.choose(ctx)

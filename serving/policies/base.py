@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kvcost.models.composition import TermPredictions
+from kvcost.models.composition import CalibratedTTFT, TermPredictions
 from kvcost.models.hardware import StepTimeModel
 from kvcost.registry import Registry
 from kvcost.serving.directory import DirectoryMatch
@@ -39,6 +39,8 @@ class PolicyContext:
         matches: directory match per candidate (event-fed directory).
         step_models: nominal step-time model per GPU type name.
         features: float64 ``(n, len(FEATURE_SPEC))`` feature rows.
+        calibrated: calibrated TTFT (P50 score, P90 bound) per candidate when the
+            router's cost model is learned; None with the analytic model.
         true_ttft_s: only in replay: returns the simulator's true TTFT per candidate
             at decision time, seconds ``(n,)`` (for the ``oracle`` policy); None in production.
     """
@@ -53,6 +55,7 @@ class PolicyContext:
     matches: tuple[DirectoryMatch, ...] = ()
     step_models: Mapping[str, StepTimeModel] = field(default_factory=dict)
     features: np.ndarray | None = None
+    calibrated: CalibratedTTFT | None = None
     true_ttft_s: Callable[[], np.ndarray] | None = None
 
 

@@ -1,4 +1,4 @@
-"""kvcost's own policies: ``round_robin``, ``least_loaded`` and ``cost_aware``."""
+"""kvcost's own policies: ``round_robin``, ``least_loaded``, ``cost_aware`` and ``learned_cost_aware``."""
 
 from __future__ import annotations
 
@@ -45,9 +45,13 @@ class CostAwarePolicy:
 
     name = "cost_aware"
 
+    def score_s(self, ctx: PolicyContext) -> np.ndarray:
+        """The TTFT each candidate is ranked by, seconds ``(n,)``: the composed predicted terms."""
+        return ctx.predictions.ttft_s
+
     def choose(self, ctx: PolicyContext) -> tuple[int, str]:
         """Candidate with the smallest predicted TTFT; ties to the less loaded, then lower index."""
-        ttft_s = ctx.predictions.ttft_s
+        ttft_s = self.score_s(ctx)
         masked = np.where(ctx.allowed, ttft_s, np.inf)
         best = masked.min()
         ties = np.flatnonzero(masked == best)
@@ -58,3 +62,20 @@ class CostAwarePolicy:
             why = "skew limit" if not ctx.allowed[most_reuse] else f"{ttft_s[most_reuse] * 1e3:.1f} ms"
             reason += f"; best-hit worker {ctx.snapshots[most_reuse].worker_id} not chosen ({why})"
         return index, reason
+
+
+@ROUTER_POLICIES.register("learned_cost_aware")
+class LearnedCostAwarePolicy(CostAwarePolicy):
+    """``cost_aware`` ranked by the learned models' calibrated TTFT (isotonic P50 of the composed terms).
+
+    The router supplies ``ctx.calibrated`` when its cost model is a learned
+    :class:`~kvcost.models.term_set.TermModelSet`; without one (no champion, or it
+    could not be loaded) the router has fallen back to the analytic model and this
+    policy ranks by the analytic TTFT, exactly like ``cost_aware``.
+    """
+
+    name = "learned_cost_aware"
+
+    def score_s(self, ctx: PolicyContext) -> np.ndarray:
+        """Calibrated P50 TTFT when available, else the composed predicted TTFT."""
+        return ctx.calibrated.p50_s if ctx.calibrated is not None else ctx.predictions.ttft_s

@@ -36,6 +36,7 @@ def test_registry_names_and_unknown():
         "aibrix_prefix_cache",
         "cost_aware",
         "dynamo_kv",
+        "learned_cost_aware",
         "least_loaded",
         "llmd_default",
         "mooncake_conductor",
