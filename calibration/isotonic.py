@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 import numpy as np
-from sklearn.isotonic import IsotonicRegression
 
 from kvcost.calibration.base import CALIBRATORS, as_seconds, check_kind, check_pairs
 
@@ -73,6 +72,8 @@ class IsotonicCalibrator:
                 NaN, infinite or negative (the message names the argument and value).
         """
         pred, act = check_pairs(predicted_s, actual_s, predicted_name="predicted_s")
+        from sklearn.isotonic import IsotonicRegression  # lazy: importing sklearn costs ~1 s
+
         iso = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(pred, act)
         self.x_thresholds_s = np.asarray(iso.X_thresholds_, dtype=np.float64).copy()
         self.y_thresholds_s = np.maximum(np.asarray(iso.y_thresholds_, dtype=np.float64), 0.0)

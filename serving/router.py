@@ -17,8 +17,8 @@ import numpy as np
 
 from kvcost.features.build import build_features
 from kvcost.features.nominal import NominalCosts
-from kvcost.models.analytic import AnalyticCostModel
 from kvcost.models.hardware import StepTimeModel
+from kvcost.models.term_set import TermModelSet
 from kvcost.serving.directory import CacheDirectory, reusable_tokens_for
 from kvcost.serving.policies import PolicyContext, make_policy
 from kvcost.serving.types import RouteDecision, RouteRequest, WorkerSnapshot
@@ -75,9 +75,9 @@ class Router:
         directory: the cache directory it reads (fed elsewhere by KV events).
         step_models: nominal step-time model per GPU type name.
         settings: policy and limits.
-        cost_model: per-term predictor of the candidates' TTFT: anything with
-            ``predict(features) -> TermPredictions`` and, for a learned model,
-            ``calibrate(predictions) -> CalibratedTTFT``. None = the analytic model.
+        cost_model: per-term predictor of the candidates' TTFT, a
+            :class:`~kvcost.models.term_set.TermModelSet` (or anything with ``predict``,
+            ``calibrate`` and ``learned``). None = the analytic model.
             ``learned_cost_aware`` without a learned model falls back to the
             analytic one and says so once (a log warning and ``fallbacks``).
 
@@ -97,22 +97,17 @@ class Router:
         self.settings = settings
         self.policy = make_policy(settings.policy)
         self.fallbacks = 0
-        self.cost_model = AnalyticCostModel()
+        self.cost_model = TermModelSet.analytic()
         self.set_cost_model(cost_model)
         self._window: deque[tuple[int, int]] = deque(maxlen=settings.skew_window_requests)
         self._window_tokens: dict[int, int] = {}
 
-    def set_cost_model(self, cost_model: object | None) -> None:
+    def set_cost_model(self, cost_model: TermModelSet | None) -> None:
         """Swap the cost model (e.g. newly retrained models); None = the analytic model."""
         if cost_model is None and self.settings.policy == "learned_cost_aware" and not self.fallbacks:
             _log.warning("learned_cost_aware has no learned model: routing with the analytic model")
             self.fallbacks += 1
-        self.cost_model = cost_model if cost_model is not None else AnalyticCostModel()
-
-    @property
-    def learned(self) -> bool:
-        """Whether the current cost model is learned (it calibrates)."""
-        return hasattr(self.cost_model, "calibrate")
+        self.cost_model = cost_model if cost_model is not None else TermModelSet.analytic()
 
     def route(
         self,
@@ -143,7 +138,7 @@ class Router:
         )
         features = build_features(request, snapshots, matches, reusable, self.step_models, self.settings.costs)
         predictions = self.cost_model.predict(features)
-        calibrated = self.cost_model.calibrate(predictions) if self.learned else None
+        calibrated = self.cost_model.calibrate(predictions) if self.cost_model.learned else None
         ctx = PolicyContext(
             request=request,
             snapshots=tuple(snapshots),

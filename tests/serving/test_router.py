@@ -22,6 +22,8 @@ def request(input_tokens, hashes, request_id=0):
 class FixedCostModel:
     """Returns the same per-candidate terms for every request (seconds)."""
 
+    learned = False
+
     def __init__(self, queue_s, prefill_s, lookup_s=None):
         zeros = np.zeros(len(queue_s))
         self.predictions = TermPredictions(

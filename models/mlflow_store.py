@@ -1,0 +1,232 @@
+"""Model registry and review with MLflow: log a training run, register, promote, list, load.
+
+One registered model, ``kvcost-terms``, holds the whole set (five term
+predictors + calibrators) per version, so that a version is always a
+consistent set trained together on one data window. Each training run also
+logs every learned term predictor with MLflow's native flavour (lightgbm or
+sklearn) for review, its metrics, parameters, the feature-spec hash, the data
+window, the resolved configuration, and the holdout rows it was evaluated on
+(``holdout/holdout.parquet``), which promotion uses to compare challenger and
+champion on the same data.
+
+Aliases: a new version becomes ``challenger``; :func:`promote` moves
+``champion`` to it only if its holdout TTFT MAE and its 90 % coverage error
+``|coverage − 0.9|`` are no worse than the champion's on the challenger's
+holdout, unless forced with a recorded reason.
+
+Default store: a local SQLite tracking database and an artifact folder under
+``runs/`` (no server). Review with::
+
+    mlflow ui --backend-store-uri sqlite:///runs/mlflow.db
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from kvcost.models.term_set import TermModelSet
+
+REGISTERED_MODEL = "kvcost-terms"
+EXPERIMENT = "kvcost-training"
+DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
+DEFAULT_ARTIFACT_ROOT = Path("runs/mlartifacts")
+CHAMPION, CHALLENGER = "champion", "challenger"
+_PYFUNC_CODE = Path(__file__).with_name("mlflow_pyfunc.py")
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredVersion:
+    """A logged and registered training run."""
+
+    version: str
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    """Outcome of :func:`promote`: whether ``champion`` moved, and both sides' holdout figures."""
+
+    promoted: bool
+    version: str
+    challenger: dict
+    champion: dict | None
+    message: str
+
+
+def _mlflow(uri: str | None):
+    import mlflow  # imported lazily: it takes ~2 s
+
+    mlflow.set_tracking_uri(uri or DEFAULT_TRACKING_URI)
+    return mlflow
+
+
+def _client(uri: str | None):
+    from mlflow import MlflowClient
+
+    return MlflowClient(_mlflow(uri).get_tracking_uri())
+
+
+def _experiment_id(mlflow, artifact_root: Path) -> str:
+    exp = mlflow.get_experiment_by_name(EXPERIMENT)
+    if exp is not None:
+        return exp.experiment_id
+    artifact_root.mkdir(parents=True, exist_ok=True)
+    return mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_root.resolve().as_uri())
+
+
+def _flat_metrics(evaluation: dict) -> dict[str, float]:
+    out = {"coverage_90": evaluation["coverage_90"]}
+    for kind in ("learned", "analytic"):
+        for term, metrics in evaluation[kind].items():
+            out |= {f"{kind}.{term}.{name}": value for name, value in metrics.items() if value == value}
+    return out
+
+
+def log_and_register(
+    model_set: TermModelSet,
+    evaluation: dict,
+    holdout: pd.DataFrame,
+    config: dict,
+    uri: str | None = None,
+    artifact_root: Path = DEFAULT_ARTIFACT_ROOT,
+) -> RegisteredVersion:
+    """Log one training run, register its model set as a new ``kvcost-terms`` version, alias it ``challenger``."""
+    mlflow = _mlflow(uri)
+    experiment_id = _experiment_id(mlflow, artifact_root)
+    with mlflow.start_run(experiment_id=experiment_id) as run, tempfile.TemporaryDirectory() as tmp:
+        mlflow.set_tag("feature_spec_hash", model_set.metadata["feature_spec_hash"])
+        mlflow.log_params(
+            {
+                "predictor": model_set.metadata.get("predictor"),
+                "feature_spec_hash": model_set.metadata["feature_spec_hash"],
+                **{f"rows.{k}": v for k, v in model_set.metadata.get("rows", {}).items()},
+            }
+        )
+        mlflow.log_metrics(_flat_metrics(evaluation))
+        mlflow.log_dict({"config": config, "metadata": model_set.metadata, "evaluation": evaluation}, "training.json")
+        _log_flavours(mlflow, model_set)
+        holdout_path = Path(tmp) / "holdout.parquet"
+        holdout.to_parquet(holdout_path, index=False)
+        mlflow.log_artifact(str(holdout_path), "holdout")
+        set_dir = model_set.save(Path(tmp) / "term_set")
+        info = mlflow.pyfunc.log_model(
+            name=REGISTERED_MODEL,
+            python_model=str(_PYFUNC_CODE),
+            artifacts={"term_set": str(set_dir)},
+            registered_model_name=REGISTERED_MODEL,
+            pip_requirements=["kvcost", "lightgbm", "scikit-learn", "pandas", "numpy"],
+        )
+    version = str(info.registered_model_version)
+    _client(uri).set_registered_model_alias(REGISTERED_MODEL, CHALLENGER, version)
+    return RegisteredVersion(version, run.info.run_id)
+
+
+def _log_flavours(mlflow, model_set: TermModelSet) -> None:
+    for term, predictor in model_set.predictors.items():
+        if hasattr(predictor, "booster"):
+            import mlflow.lightgbm
+
+            mlflow.lightgbm.log_model(predictor.booster, name=f"term-{term}")
+        elif hasattr(predictor, "estimator"):
+            import mlflow.sklearn
+
+            mlflow.sklearn.log_model(predictor.estimator, name=f"term-{term}")
+
+
+def load_model_set(uri: str | None = None, alias: str = CHAMPION) -> TermModelSet:
+    """Download and load the version that carries ``alias``.
+
+    Raises:
+        LookupError: no registered model or no version with that alias.
+        FeatureSpecMismatch: the version was trained under another feature spec.
+    """
+    mlflow = _mlflow(uri)
+    try:
+        path = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{REGISTERED_MODEL}@{alias}")
+    except Exception as exc:  # MLflow raises MlflowException / RestException subclasses
+        raise LookupError(f"no {REGISTERED_MODEL} version with alias {alias!r} at {mlflow.get_tracking_uri()}") from exc
+    return TermModelSet.load(Path(path) / "artifacts" / "term_set")
+
+
+def list_versions(uri: str | None = None) -> list[dict]:
+    """Every ``kvcost-terms`` version, newest first: version, aliases, run id, spec hash, key metrics."""
+    client = _client(uri)
+    try:
+        versions = client.search_model_versions(f"name = '{REGISTERED_MODEL}'")
+    except Exception:
+        return []
+    rows = []
+    for v in sorted(versions, key=lambda v: int(v.version), reverse=True):
+        metrics = client.get_run(v.run_id).data.metrics
+        rows.append(
+            {
+                "version": v.version,
+                "aliases": sorted(v.aliases),
+                "run_id": v.run_id,
+                "feature_spec_hash": client.get_run(v.run_id).data.tags.get("feature_spec_hash"),
+                "ttft_mae_s": metrics.get("learned.ttft.mae_s"),
+                "analytic_ttft_mae_s": metrics.get("analytic.ttft.mae_s"),
+                "coverage_90": metrics.get("coverage_90"),
+            }
+        )
+    return rows
+
+
+def promote(uri: str | None = None, version: str | None = None, force: bool = False, reason: str = "") -> Promotion:
+    """Move ``champion`` to ``version`` (default: the ``challenger``) if it is no worse on the same holdout.
+
+    Both versions are evaluated on the challenger's holdout rows. The gate: TTFT
+    MAE and ``|coverage_90 − 0.9|`` each no worse than the champion's. ``force``
+    skips the gate and records ``reason`` (required) as a tag on the version.
+
+    Raises:
+        LookupError: no such version / no challenger. ValueError: ``force`` without a reason.
+    """
+    from kvcost.models.training import evaluate
+
+    if force and not reason.strip():
+        raise ValueError("force = True needs a reason (--reason), which is recorded on the version")
+    client = _client(uri)
+    mlflow = _mlflow(uri)
+    version = version or _alias_version(client, CHALLENGER)
+    mv = client.get_model_version(REGISTERED_MODEL, version)
+    holdout_dir = mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path="holdout")
+    holdout = pd.read_parquet(Path(holdout_dir) / "holdout.parquet")
+    challenger = _gate_figures(evaluate(_load_version(mlflow, version), holdout))
+    champion_version = _alias_version(client, CHAMPION, missing_ok=True)
+    champion = None
+    if champion_version is not None:
+        champion = _gate_figures(evaluate(_load_version(mlflow, champion_version), holdout))
+    passed = champion is None or (
+        challenger["ttft_mae_s"] <= champion["ttft_mae_s"]
+        and challenger["coverage_error"] <= champion["coverage_error"]
+    )
+    if passed or force:
+        client.set_registered_model_alias(REGISTERED_MODEL, CHAMPION, version)
+        if force and not passed:
+            client.set_model_version_tag(REGISTERED_MODEL, version, "forced_promotion_reason", reason)
+    verdict = "promoted" if passed else ("promoted by force: " + reason if force else "refused: worse than champion")
+    return Promotion(passed or force, version, challenger, champion, f"version {version} {verdict}")
+
+
+def _gate_figures(evaluation: dict) -> dict:
+    cov = evaluation["coverage_90"]
+    return {"ttft_mae_s": evaluation["learned"]["ttft"]["mae_s"], "coverage_90": cov, "coverage_error": abs(cov - 0.9)}
+
+
+def _alias_version(client, alias: str, missing_ok: bool = False) -> str | None:
+    try:
+        return str(client.get_model_version_by_alias(REGISTERED_MODEL, alias).version)
+    except Exception:
+        if missing_ok:
+            return None
+        raise LookupError(f"no {REGISTERED_MODEL} version has alias {alias!r}; train one with `kvcost train`") from None
+
+
+def _load_version(mlflow, version: str) -> TermModelSet:
+    path = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{REGISTERED_MODEL}/{version}")
+    return TermModelSet.load(Path(path) / "artifacts" / "term_set")

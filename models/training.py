@@ -1,0 +1,170 @@
+"""Training data from the DuckDB log, time-ordered splits, per-term training and evaluation.
+
+A training row is one *chosen* candidate: its feature row (logged at decision
+time) joined with the request's actual terms (logged at completion). Rows are
+ordered by arrival and split by time — earlier rows train, a later slice
+calibrates, the latest rows are held out — never shuffled across time.
+
+Metrics (per term and for TTFT): MAE, P90 absolute error, and MAPE over the
+rows whose actual value exceeds 100 ms (small values make percentages
+meaningless), for the learned predictors and the analytic baseline side by
+side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from kvcost.calibration.conformal import SplitConformal
+from kvcost.calibration.isotonic import IsotonicCalibrator
+from kvcost.features.spec import FEATURE_NAMES
+from kvcost.models.composition import TERMS, compose_ttft_s
+from kvcost.models.predictors import make_term_predictor
+from kvcost.models.term_set import TermModelSet
+
+#: Rows with an actual value above this enter the MAPE (seconds).
+MAPE_FLOOR_S = 0.1
+ACTUAL_COLUMNS: tuple[str, ...] = tuple(f"actual_{t}_s" for t in TERMS) + ("actual_ttft_s",)
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """Row ranges of a time-ordered frame: ``[0, train_end)``, ``[train_end, calib_end)``, ``[calib_end, n)``."""
+
+    train: pd.DataFrame
+    calibration: pd.DataFrame
+    holdout: pd.DataFrame
+
+
+def load_training_frame(db: str | Path, run_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    """Chosen candidates joined with their requests' actual terms, ordered by (arrival, run, request).
+
+    Args:
+        db: DuckDB log path (opened read-only).
+        run_ids: restrict to these runs; None = every run in the log.
+
+    Returns:
+        One row per completed request: ``run_id``, ``request_id``, ``arrival_s``,
+        ``worker_id``, the FEATURE_NAMES columns, the analytic ``pred_*_s`` columns
+        and the ``actual_*_s`` columns.
+
+    Raises:
+        FileNotFoundError: no such database. ValueError: no rows (names the runs asked for).
+    """
+    if not Path(db).exists():
+        raise FileNotFoundError(f"db = {str(db)!r} does not exist; run `kvcost experiment` to create a log")
+    feature_cols = ", ".join(f"c.{name}" for name in FEATURE_NAMES)
+    actual_cols = ", ".join(f"r.{name}" for name in ACTUAL_COLUMNS)
+    where = "c.chosen"
+    params: list = []
+    if run_ids:
+        where += f" AND c.run_id IN ({', '.join('?' for _ in run_ids)})"
+        params = list(run_ids)
+    sql = f"""
+        SELECT c.run_id, c.request_id, r.arrival_s, c.worker_id, {feature_cols}, {actual_cols}
+        FROM candidates c JOIN requests r ON c.run_id = r.run_id AND c.request_id = r.request_id
+        WHERE {where}
+        ORDER BY r.arrival_s, c.run_id, c.request_id
+    """
+    with duckdb.connect(str(db), read_only=True) as con:
+        frame = con.execute(sql, params).df()
+    if frame.empty:
+        runs = f"runs {list(run_ids)}" if run_ids else "any run"
+        raise ValueError(f"db = {str(db)!r} has no completed requests for {runs}")
+    return frame
+
+
+def split_by_time(frame: pd.DataFrame, train_fraction: float = 0.5, calibration_fraction: float = 0.1) -> TimeSplit:
+    """Split a time-ordered frame: first ``train_fraction`` trains, the next ``calibration_fraction`` calibrates.
+
+    The default (0.5, 0.1) trains and calibrates on the first 60 % and holds out the last 40 %.
+
+    Raises:
+        ValueError: fractions outside (0, 1) or summing to ≥ 1, or a slice with no rows.
+    """
+    if not (0 < train_fraction < 1 and 0 < calibration_fraction < 1 and train_fraction + calibration_fraction < 1):
+        raise ValueError(
+            f"train_fraction = {train_fraction}, calibration_fraction = {calibration_fraction}, "
+            "expected both in (0, 1) with a sum below 1"
+        )
+    n = len(frame)
+    train_end = int(n * train_fraction)
+    calib_end = int(n * (train_fraction + calibration_fraction))
+    if train_end == 0 or calib_end == train_end or calib_end == n:
+        raise ValueError(f"{n} rows are too few to split {train_fraction}/{calibration_fraction}/rest")
+    return TimeSplit(frame.iloc[:train_end], frame.iloc[train_end:calib_end], frame.iloc[calib_end:])
+
+
+def feature_matrix(frame: pd.DataFrame) -> np.ndarray:
+    """float64 ``(n, len(FEATURE_SPEC))`` in FEATURE_NAMES order."""
+    return frame.loc[:, list(FEATURE_NAMES)].to_numpy(dtype=np.float64)
+
+
+def error_metrics(predicted_s: np.ndarray, actual_s: np.ndarray) -> dict[str, float]:
+    """``mae_s``, ``p90_abs_error_s`` and ``mape`` (over actual > 100 ms; NaN if none) of one prediction."""
+    err = np.abs(np.asarray(predicted_s, dtype=float) - np.asarray(actual_s, dtype=float))
+    big = actual_s > MAPE_FLOOR_S
+    mape = float(np.mean(err[big] / actual_s[big])) if big.any() else float("nan")
+    return {"mae_s": float(err.mean()), "p90_abs_error_s": float(np.quantile(err, 0.9)), "mape": mape}
+
+
+def compose_matrix(term_predictions: dict[str, np.ndarray]) -> np.ndarray:
+    """TTFT on the critical path from per-term arrays keyed by TERMS."""
+    return compose_ttft_s(*(term_predictions[t] for t in TERMS))
+
+
+def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> TermModelSet:
+    """Fit one ``predictor`` per term on ``split.train``, then the calibrators on ``split.calibration``.
+
+    The isotonic recalibration maps the composed TTFT to the actual one; split
+    conformal then fits the P50 / P90 upper bounds on the recalibrated values,
+    on the same calibration slice (never on training rows).
+    """
+    x_train = feature_matrix(split.train)
+    predictors = {
+        term: make_term_predictor(predictor, term, **params).fit(x_train, split.train[f"actual_{term}_s"].to_numpy())
+        for term in TERMS
+    }
+    model_set = TermModelSet(predictors)
+    raw_s = model_set.predict(feature_matrix(split.calibration)).ttft_s
+    actual_s = split.calibration["actual_ttft_s"].to_numpy()
+    model_set.isotonic = IsotonicCalibrator().fit(raw_s, actual_s)
+    model_set.conformal = SplitConformal().fit(model_set.isotonic.transform(raw_s), actual_s)
+    model_set.metadata.update(
+        predictor=predictor,
+        params=params,
+        rows={"train": len(split.train), "calibration": len(split.calibration), "holdout": len(split.holdout)},
+        window_arrival_s={
+            "train": [float(split.train["arrival_s"].min()), float(split.train["arrival_s"].max())],
+            "holdout": [float(split.holdout["arrival_s"].min()), float(split.holdout["arrival_s"].max())],
+        },
+    )
+    return model_set
+
+
+def evaluate(model_set: TermModelSet, holdout: pd.DataFrame) -> dict:
+    """Holdout metrics of ``model_set`` and of the analytic baseline, per term and for TTFT.
+
+    Returns:
+        ``{"learned": {term: metrics}, "analytic": {term: metrics}, "coverage_90": float, "rows": n}``
+        where terms are TERMS plus ``"ttft"`` (learned TTFT = the recalibrated P50 score).
+    """
+    x = feature_matrix(holdout)
+    learned = model_set.predict(x)
+    analytic = {t: make_term_predictor("analytic", t).fit(x, np.zeros(len(x))).predict_many(x) for t in TERMS}
+    calibrated = model_set.calibrate(learned)
+    actual = {t: holdout[f"actual_{t}_s"].to_numpy() for t in (*TERMS, "ttft")}
+    out: dict = {"learned": {}, "analytic": {}, "rows": len(holdout)}
+    for term in TERMS:
+        out["learned"][term] = error_metrics(getattr(learned, f"{term}_s"), actual[term])
+        out["analytic"][term] = error_metrics(analytic[term], actual[term])
+    out["learned"]["ttft"] = error_metrics(calibrated.p50_s, actual["ttft"])
+    out["analytic"]["ttft"] = error_metrics(compose_matrix(analytic), actual["ttft"])
+    out["coverage_90"] = float(np.mean(actual["ttft"] <= calibrated.p90_s))
+    return out
