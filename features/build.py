@@ -67,6 +67,9 @@ def _row(request, snap, match, reuse: int, step_model: StepTimeModel, costs: Nom
         reuse,
     )
     age_s = match.age_s if np.isfinite(match.age_s) else -1.0
+    available = snap.kv_capacity_blocks - round(snap.kv_usage * snap.kv_capacity_blocks)
+    deficit = max(0, snap.waiting_prompt_blocks + blocks - available) if snap.kv_capacity_blocks else 0
+    ratio = snap.recent_step_s / snap.recent_step_nominal_s if snap.recent_step_nominal_s > 0 else 1.0
     return [
         request.input_tokens,
         blocks,
@@ -82,6 +85,10 @@ def _row(request, snap, match, reuse: int, step_model: StepTimeModel, costs: Nom
         snap.idle_cached_blocks,
         snap.recent_step_s,
         snap.step_remaining_s,
+        available,
+        deficit,
+        snap.oldest_waiting_s,
+        ratio,
         queue_s,
         costs.lookup_s(blocks),
         prefill_s,

@@ -45,7 +45,7 @@ FEATURE_SPEC: tuple[Feature, ...] = (
     Feature("reusable_tokens", "BIGINT", "tokens", "directory: reusable prefix on the worker"),
     Feature("uncached_tokens", "BIGINT", "tokens", "input_tokens - reusable_tokens"),
     Feature("reusable_tier", "BIGINT", "code", "directory: tier of the match, TIER_CODES"),
-    Feature("directory_age_s", "DOUBLE", "s", "directory: time since the worker's last event"),
+    Feature("directory_age_s", "DOUBLE", "s", "directory: time since the worker's last event, −1 if never"),
     # candidate worker snapshot
     Feature("waiting_requests", "BIGINT", "requests", "worker: requests not finished prefill"),
     Feature("running_requests", "BIGINT", "requests", "worker: requests in decode"),
@@ -55,6 +55,10 @@ FEATURE_SPEC: tuple[Feature, ...] = (
     Feature("idle_cached_blocks", "BIGINT", "blocks", "worker: cached blocks with refcount 0"),
     Feature("recent_step_s", "DOUBLE", "s", "worker: duration of its last finished step"),
     Feature("step_remaining_s", "DOUBLE", "s", "worker: time left in the running step"),
+    Feature("kv_available_blocks", "BIGINT", "blocks", "worker: capacity minus blocks of running requests"),
+    Feature("kv_deficit_blocks", "BIGINT", "blocks", "worker: queued + own prompt blocks beyond available"),
+    Feature("oldest_waiting_s", "DOUBLE", "s", "worker: wait so far of its oldest unadmitted request"),
+    Feature("recent_step_ratio", "DOUBLE", "ratio", "worker: last step time / profile's time (1 if unknown)"),
     # nominal times from the GPU type's measured profile (features/nominal.py)
     Feature("nominal_queue_s", "DOUBLE", "s", "profile: time until this request's first chunk"),
     Feature("nominal_lookup_s", "DOUBLE", "s", "profile: prefix lookup and preparation"),

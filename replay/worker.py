@@ -149,6 +149,7 @@ class SimWorker:
         self.queued_prefill_tokens = 0
         self.step_end_s: float | None = None
         self.last_step_s = 0.0
+        self.last_step_nominal_s = 0.0
         self.prefill_busy_s = 0.0
         self.measure_from_s = 0.0
         self._chunks: list[tuple[SimRequest, int]] = []
@@ -185,6 +186,9 @@ class SimWorker:
             recent_step_s=self.last_step_s,
             step_remaining_s=max(0.0, self.step_end_s - now_s) if self.step_end_s is not None else 0.0,
             kv_capacity_blocks=self.pool.capacity_blocks,
+            waiting_prompt_blocks=sum(-(-r.input_tokens // self.block_size_tokens) for r in self.waiting),
+            oldest_waiting_s=now_s - self.waiting[0].arrival_s if self.waiting else 0.0,
+            recent_step_nominal_s=self.last_step_nominal_s,
         )
 
     def fork(self) -> SimWorker:
@@ -255,8 +259,9 @@ class SimWorker:
             self.step_end_s = None
             return None
         num_tokens = self.step_model.token_budget - budget
-        step_s = self.step_model.step_s(num_tokens, flops, self.decode_context_tokens)
-        step_s = step_s * self._next_jitter() * self._slowdown(now_s) + lookup_s
+        nominal_s = self.step_model.step_s(num_tokens, flops, self.decode_context_tokens) + lookup_s
+        step_s = (nominal_s - lookup_s) * self._next_jitter() * self._slowdown(now_s) + lookup_s
+        self.last_step_nominal_s = nominal_s
         if (chunks or self.waiting) and now_s >= self.measure_from_s:
             self.prefill_busy_s += step_s
         self._chunks = chunks

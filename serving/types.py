@@ -52,6 +52,11 @@ class WorkerSnapshot:
         step_remaining_s: time left in the step now running (0 when idle).
         kv_capacity_blocks: the worker's KV capacity in blocks (vLLM reports
             ``num_gpu_blocks``); 0 when unknown.
+        waiting_prompt_blocks: prompt blocks of the requests not yet admitted (they
+            need that much KV before their first chunk).
+        oldest_waiting_s: how long the oldest not-yet-admitted request has waited.
+        recent_step_nominal_s: what the GPU type's profile predicts for the last
+            step's batch; ``recent_step_s`` ÷ this exposes stragglers. 0 if unknown.
     """
 
     worker_id: int
@@ -64,6 +69,9 @@ class WorkerSnapshot:
     recent_step_s: float
     step_remaining_s: float
     kv_capacity_blocks: int = 0
+    waiting_prompt_blocks: int = 0
+    oldest_waiting_s: float = 0.0
+    recent_step_nominal_s: float = 0.0
 
     @property
     def waiting_requests(self) -> int:

@@ -16,7 +16,7 @@ REQUEST = RouteRequest(
 
 @pytest.fixture
 def case(linear_step_model, make_snapshot):
-    """Worker 0: holds 1 block in CPU, 1000 tokens queued, 2 decoding; worker 1: idle, no match."""
+    """Worker 0: holds 1 block in CPU, 1000 tokens queued, 2 decoding, KV nearly full; worker 1: idle."""
     busy = make_snapshot(
         0,
         waiting_prefill=((1000, 0),),
@@ -26,6 +26,10 @@ def case(linear_step_model, make_snapshot):
         idle_cached_blocks=7,
         recent_step_s=0.02,
         step_remaining_s=0.005,
+        kv_capacity_blocks=8,
+        waiting_prompt_blocks=5,
+        oldest_waiting_s=0.7,
+        recent_step_nominal_s=0.016,
     )
     idle = make_snapshot(1)
     matches = [DirectoryMatch(0, 1, "cpu", 2.0), DirectoryMatch(1, 0, "none", float("inf"))]
@@ -38,7 +42,7 @@ def build(snapshots, matches, reusable, models):
 
 def test_shape_and_exact_columns(case):
     x = build(*case)
-    assert x.shape == (2, len(FEATURE_NAMES)) == (2, 18)
+    assert x.shape == (2, len(FEATURE_NAMES)) == (2, 22)
     assert x.dtype == np.float64
     # busy worker: 588 uncached tokens share one step with the 1000 queued (chunk 8190):
     # 1590 tokens × 1 µs + 1 ms overhead + 1000 decode context × 1 µs
@@ -61,6 +65,10 @@ def test_shape_and_exact_columns(case):
         "idle_cached_blocks": [7, 0],
         "recent_step_s": [0.02, 0.0],
         "step_remaining_s": [0.005, 0.0],
+        "kv_available_blocks": [6, 0],  # 8 − round(0.25 × 8); unknown capacity → 0
+        "kv_deficit_blocks": [1, 0],  # 5 queued + 2 own − 6 available
+        "oldest_waiting_s": [0.7, 0.0],
+        "recent_step_ratio": [1.25, 1.0],  # 0.02 / 0.016; unknown nominal → 1
         "nominal_queue_s": [0.005, 0.0],
         "nominal_lookup_s": [2.2e-4, 2.2e-4],
         "nominal_prefill_s": [busy_prefill_s, idle_prefill_s],

@@ -68,7 +68,7 @@ def test_design_worked_example_cost_aware_picks_cold_worker(make_router, make_sn
     assert int(np.argmax(decision.reusable_tokens)) == 0
     assert (decision.worker_id, decision.chosen_index) == (1, 1)
     assert decision.reason == ("min predicted TTFT 210.0 ms, reuse 0 tokens; best-hit worker 0 not chosen (270.0 ms)")
-    assert router.cost_model.seen_shapes == [(2, 18)]
+    assert router.cost_model.seen_shapes == [(2, 22)]
 
 
 def test_analytic_model_prefers_idle_cold_worker_over_long_hot_queue(make_router, make_snapshot):
@@ -112,7 +112,7 @@ def test_decision_carries_matches_and_capped_reuse(make_router, make_snapshot):
     ]
     assert decision.reusable_tokens.dtype == np.int64
     assert decision.reusable_tokens.tolist() == [1023, 0]  # fully cached: 1 token still computed
-    assert decision.features.shape == (2, 18)
+    assert decision.features.shape == (2, 22)
 
 
 def test_no_candidates(make_router):
