@@ -10,8 +10,10 @@ Tables (all keyed by ``run_id``; one run = one configuration replayed or served)
   (``kvcost.features.spec.FEATURE_SPEC``, same names) and the predicted terms.
 * ``worker_samples`` — each worker's queue and KV usage over time.
 
-The database is appended to, never overwritten; a file whose tables lack a
-column of this schema is refused with an error naming table and column.
+The database is appended to, never overwritten. A log written by an older
+kvcost gains the columns added since (``ALTER TABLE … ADD COLUMN``, NULL in
+old rows); each run records the feature-spec hash its candidates were built
+with, and training reads only runs of the current hash.
 Writes are batched: one ``INSERT … SELECT`` per table and run from a pandas
 DataFrame, never row at a time.
 """
@@ -27,7 +29,7 @@ from types import TracebackType
 import duckdb
 import pandas as pd
 
-from kvcost.features.spec import FEATURE_SPEC
+from kvcost.features.spec import FEATURE_SPEC, feature_spec_hash
 from kvcost.models.composition import TERMS
 
 
@@ -54,6 +56,7 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         Column("trace", "VARCHAR", "trace name or path"),
         Column("params_json", "VARCHAR", "every parameter of the run, JSON"),
         Column("started_at", "TIMESTAMP", "wall-clock start of the run (UTC)"),
+        Column("feature_spec_hash", "VARCHAR", "hash of the feature spec of its candidates rows"),
     ),
     "requests": (
         RUN_ID,
@@ -120,7 +123,7 @@ class LogStore:
         """Connect (creating the file and its folder) and create or check the tables.
 
         Raises:
-            ValueError: an existing table lacks a column of :data:`SCHEMA`.
+            duckdb.Error: the file is not a DuckDB database or is locked by another process.
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._con = duckdb.connect(str(self.path))
@@ -128,9 +131,9 @@ class LogStore:
             ddl = ", ".join(f"{c.name} {c.sql_type}" for c in columns)
             self._con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({ddl})")
             have = {row[0] for row in self._con.execute(f"DESCRIBE {table}").fetchall()}
-            missing = [c.name for c in columns if c.name not in have]
-            if missing:
-                raise ValueError(f"{self.path}: table {table} lacks column(s) {missing}, expected the kvcost schema")
+            for column in columns:
+                if column.name not in have:
+                    self._con.execute(f"ALTER TABLE {table} ADD COLUMN {column.name} {column.sql_type}")
         return self
 
     @property
@@ -155,8 +158,9 @@ class LogStore:
     def write_run(self, run_id: str, configuration: str, trace: str, params: dict, started_at: datetime) -> None:
         """Insert one ``runs`` row; ``params`` must be JSON-serialisable."""
         self.connection.execute(
-            "INSERT INTO runs VALUES (?, ?, ?, ?, ?)",
-            [run_id, configuration, trace, json.dumps(params, sort_keys=True), started_at],
+            "INSERT INTO runs (run_id, configuration, trace, params_json, started_at, feature_spec_hash) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [run_id, configuration, trace, json.dumps(params, sort_keys=True), started_at, feature_spec_hash()],
         )
 
     def write_frame(self, table: str, run_id: str, frame: pd.DataFrame) -> int:

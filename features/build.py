@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvcost.features.nominal import NominalCosts, queue_and_prefill_s
+from kvcost.features.nominal import NominalCosts, kv_wait_s, queue_and_prefill_s
 from kvcost.features.spec import FEATURE_NAMES, TIER_CODES
 from kvcost.models.hardware import StepTimeModel
 
@@ -70,6 +70,10 @@ def _row(request, snap, match, reuse: int, step_model: StepTimeModel, costs: Nom
     available = snap.kv_capacity_blocks - round(snap.kv_usage * snap.kv_capacity_blocks)
     deficit = max(0, snap.waiting_prompt_blocks + blocks - available) if snap.kv_capacity_blocks else 0
     ratio = snap.recent_step_s / snap.recent_step_nominal_s if snap.recent_step_nominal_s > 0 else 1.0
+    block_size = request.namespace.block_size_tokens
+    kv_wait = kv_wait_s(
+        deficit, snap.decode_context_tokens, block_size, snap.recent_step_s, costs.expected_decode_tokens
+    )
     return [
         request.input_tokens,
         blocks,
@@ -88,6 +92,7 @@ def _row(request, snap, match, reuse: int, step_model: StepTimeModel, costs: Nom
         available,
         deficit,
         snap.oldest_waiting_s,
+        kv_wait,
         ratio,
         queue_s,
         costs.lookup_s(blocks),

@@ -29,19 +29,57 @@ DEFAULT_LOOKUP_BASE_S = 2e-4
 DEFAULT_LOOKUP_PER_BLOCK_S = 1e-5
 #: Sampling + detokenisation + one network hop to the client (assumption: 2 ms).
 DEFAULT_FIRST_TOKEN_S = 2e-3
+#: Expected remaining output tokens of a decoding request (the router cannot know output
+#: lengths; the Mooncake conversation trace has a mean output of 343 tokens, so a running
+#: request has about half of it left).
+DEFAULT_EXPECTED_DECODE_TOKENS = 172
 
 
 @dataclass(frozen=True, slots=True)
 class NominalCosts:
-    """Fixed per-request costs the router assumes (seconds); defaults are stated assumptions."""
+    """Per-request quantities the router assumes; defaults are stated assumptions.
+
+    Attributes:
+        lookup_base_s, lookup_per_block_s: prefix lookup and preparation, seconds.
+        first_token_s: sampling, detokenisation and network after the last chunk, seconds.
+        expected_decode_tokens: remaining output tokens of a decoding request (≥ 0).
+    """
 
     lookup_base_s: float = DEFAULT_LOOKUP_BASE_S
     lookup_per_block_s: float = DEFAULT_LOOKUP_PER_BLOCK_S
     first_token_s: float = DEFAULT_FIRST_TOKEN_S
+    expected_decode_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS
+
+    def __post_init__(self) -> None:
+        for name in ("lookup_base_s", "lookup_per_block_s", "first_token_s", "expected_decode_tokens"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"{name} = {value}, expected a number ≥ 0")
 
     def lookup_s(self, request_blocks: int) -> float:
         """Lookup and preparation of a GPU-resident prefix for a request of ``request_blocks`` full blocks."""
         return self.lookup_base_s + self.lookup_per_block_s * request_blocks
+
+
+def kv_wait_s(
+    deficit_blocks: int,
+    decode_context_tokens: int,
+    block_size_tokens: int,
+    recent_step_s: float,
+    expected_decode_tokens: int,
+) -> float:
+    """Rough time until running requests free ``deficit_blocks`` of KV (a feature, not an analytic term).
+
+    Decoders hold ``decode_context_tokens / block_size_tokens`` blocks and release
+    them after about ``expected_decode_tokens`` more steps of ``recent_step_s``
+    each, so blocks free at ≈ held / (expected_decode_tokens × recent_step_s)
+    per second. 0 without a deficit; ``deficit × expected × step`` when nothing
+    decodes (the wait is then bounded by prefill work, not by decoders).
+    """
+    if deficit_blocks <= 0:
+        return 0.0
+    held_blocks = max(1.0, decode_context_tokens / block_size_tokens)
+    return deficit_blocks * expected_decode_tokens * recent_step_s / held_blocks
 
 
 def queue_and_prefill_s(

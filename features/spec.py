@@ -58,6 +58,7 @@ FEATURE_SPEC: tuple[Feature, ...] = (
     Feature("kv_available_blocks", "BIGINT", "blocks", "worker: capacity minus blocks of running requests"),
     Feature("kv_deficit_blocks", "BIGINT", "blocks", "worker: queued + own prompt blocks beyond available"),
     Feature("oldest_waiting_s", "DOUBLE", "s", "worker: wait so far of its oldest unadmitted request"),
+    Feature("kv_wait_estimate_s", "DOUBLE", "s", "worker: deficit blocks / rate decoders free blocks"),
     Feature("recent_step_ratio", "DOUBLE", "ratio", "worker: last step time / profile's time (1 if unknown)"),
     # nominal times from the GPU type's measured profile (features/nominal.py)
     Feature("nominal_queue_s", "DOUBLE", "s", "profile: time until this request's first chunk"),

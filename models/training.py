@@ -23,7 +23,7 @@ import pandas as pd
 
 from kvcost.calibration.conformal import SplitConformal
 from kvcost.calibration.isotonic import IsotonicCalibrator
-from kvcost.features.spec import FEATURE_NAMES
+from kvcost.features.spec import FEATURE_NAMES, feature_spec_hash
 from kvcost.models.composition import TERMS, compose_ttft_s
 from kvcost.models.predictors import make_term_predictor
 from kvcost.models.term_set import TermModelSet
@@ -61,11 +61,11 @@ def load_training_frame(db: str | Path, run_ids: Sequence[str] | None = None) ->
         raise FileNotFoundError(f"db = {str(db)!r} does not exist; run `kvcost experiment` to create a log")
     feature_cols = ", ".join(f"c.{name}" for name in FEATURE_NAMES)
     actual_cols = ", ".join(f"r.{name}" for name in ACTUAL_COLUMNS)
-    where = "c.chosen"
-    params: list = []
+    where = "c.chosen AND c.run_id IN (SELECT run_id FROM runs WHERE feature_spec_hash = ?)"
+    params: list = [feature_spec_hash()]
     if run_ids:
         where += f" AND c.run_id IN ({', '.join('?' for _ in run_ids)})"
-        params = list(run_ids)
+        params += list(run_ids)
     sql = f"""
         SELECT c.run_id, c.request_id, r.arrival_s, c.worker_id, {feature_cols}, {actual_cols}
         FROM candidates c JOIN requests r ON c.run_id = r.run_id AND c.request_id = r.request_id
@@ -76,7 +76,9 @@ def load_training_frame(db: str | Path, run_ids: Sequence[str] | None = None) ->
         frame = con.execute(sql, params).df()
     if frame.empty:
         runs = f"runs {list(run_ids)}" if run_ids else "any run"
-        raise ValueError(f"db = {str(db)!r} has no completed requests for {runs}")
+        raise ValueError(
+            f"db = {str(db)!r} has no completed requests for {runs} logged with feature spec {feature_spec_hash()}"
+        )
     return frame
 
 

@@ -25,11 +25,6 @@ from kvcost.serving.types import RouteDecision, RouteRequest, WorkerSnapshot
 
 _log = logging.getLogger(__name__)
 
-#: Default estimate of a decoding request's remaining output tokens, used by the
-#: load measure of ``least_loaded`` (assumption; the Mooncake conversation trace
-#: has a mean output of 343 tokens, so a running request has ~half of it left).
-DEFAULT_EXPECTED_DECODE_TOKENS = 172
-
 
 @dataclass(frozen=True, slots=True)
 class RouterSettings:
@@ -37,16 +32,14 @@ class RouterSettings:
 
     Attributes:
         policy: registered policy name (``round_robin``, ``least_loaded``, ``cost_aware``).
-        expected_decode_tokens: decode work per running request in the token load measure.
         skew_window_requests: decisions in the hot-spot window (≥ 1).
         max_share_over_mean: a worker whose share of the window's routed input
             tokens exceeds ``(1 + max_share_over_mean) / n_workers`` is excluded
             for ``cost_aware`` (unless every worker is). ≥ 0.
-        costs: nominal lookup and first-token costs.
+        costs: nominal per-request costs (lookup, first token, expected decode tokens).
     """
 
     policy: str = "cost_aware"
-    expected_decode_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS
     skew_window_requests: int = 64
     max_share_over_mean: float = 1.0
     costs: NominalCosts = field(default_factory=NominalCosts)
@@ -56,8 +49,6 @@ class RouterSettings:
             raise ValueError(f"skew_window_requests = {self.skew_window_requests}, expected an integer ≥ 1")
         if not self.max_share_over_mean >= 0:
             raise ValueError(f"max_share_over_mean = {self.max_share_over_mean}, expected a number ≥ 0")
-        if self.expected_decode_tokens < 0:
-            raise ValueError(f"expected_decode_tokens = {self.expected_decode_tokens}, expected ≥ 0")
 
 
 def load_tokens(snapshots: Sequence[WorkerSnapshot], expected_decode_tokens: int) -> np.ndarray:
@@ -144,7 +135,7 @@ class Router:
             snapshots=tuple(snapshots),
             reusable_tokens=reusable,
             predictions=predictions,
-            load_tokens=load_tokens(snapshots, self.settings.expected_decode_tokens),
+            load_tokens=load_tokens(snapshots, self.settings.costs.expected_decode_tokens),
             allowed=self._skew_allowed(worker_ids),
             now_s=now_s,
             matches=tuple(matches),

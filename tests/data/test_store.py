@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from kvcost.data.store import SCHEMA, LogStore, schema_markdown
+from kvcost.features.spec import feature_spec_hash
 
 
 def _samples(n: int) -> pd.DataFrame:
@@ -38,9 +39,9 @@ def test_write_frame_appends_in_schema_order_and_survives_reopen(tmp_path):
         rows = store.connection.execute(
             "SELECT run_id, t_s, queued_prefill_tokens FROM worker_samples ORDER BY run_id, t_s"
         ).fetchall()
-        run = store.connection.execute("SELECT configuration, params_json FROM runs").fetchall()
+        run = store.connection.execute("SELECT configuration, params_json, feature_spec_hash FROM runs").fetchall()
     assert rows == [("r1", 0.0, 0), ("r1", 1.0, 100), ("r1", 2.0, 200), ("r2", 0.0, 0), ("r2", 1.0, 100)]
-    assert run == [("balanced_cache", '{"seed": 0}')]
+    assert run == [("balanced_cache", '{"seed": 0}', feature_spec_hash())]
 
 
 def test_write_frame_rejects_missing_and_extra_columns_and_keeps_rows(tmp_path):
@@ -54,13 +55,15 @@ def test_write_frame_rejects_missing_and_extra_columns_and_keeps_rows(tmp_path):
         assert store.connection.execute("SELECT count(*) FROM worker_samples").fetchone() == (1,)
 
 
-def test_foreign_schema_is_refused(tmp_path):
+def test_older_log_gains_new_columns_and_keeps_rows(tmp_path):
     path = tmp_path / "log.duckdb"
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE runs (run_id VARCHAR)")
+    con.execute("INSERT INTO runs VALUES ('old')")
     con.close()
-    with pytest.raises(ValueError, match=r"table runs lacks column\(s\) \['configuration'"):
-        LogStore(path).open()
+    with LogStore(path).open() as store:
+        rows = store.connection.execute("SELECT run_id, configuration, feature_spec_hash FROM runs").fetchall()
+    assert rows == [("old", None, None)]
 
 
 def test_candidates_table_carries_the_feature_spec():

@@ -42,7 +42,7 @@ def build(snapshots, matches, reusable, models):
 
 def test_shape_and_exact_columns(case):
     x = build(*case)
-    assert x.shape == (2, len(FEATURE_NAMES)) == (2, 22)
+    assert x.shape == (2, len(FEATURE_NAMES)) == (2, 23)
     assert x.dtype == np.float64
     # busy worker: 588 uncached tokens share one step with the 1000 queued (chunk 8190):
     # 1590 tokens × 1 µs + 1 ms overhead + 1000 decode context × 1 µs
@@ -68,6 +68,8 @@ def test_shape_and_exact_columns(case):
         "kv_available_blocks": [6, 0],  # 8 − round(0.25 × 8); unknown capacity → 0
         "kv_deficit_blocks": [1, 0],  # 5 queued + 2 own − 6 available
         "oldest_waiting_s": [0.7, 0.0],
+        # 1 deficit block × 172 expected decode tokens × 0.02 s / max(1, 1000 / 512 held blocks)
+        "kv_wait_estimate_s": [1 * 172 * 0.02 / (1000 / 512), 0.0],
         "recent_step_ratio": [1.25, 1.0],  # 0.02 / 0.016; unknown nominal → 1
         "nominal_queue_s": [0.005, 0.0],
         "nominal_lookup_s": [2.2e-4, 2.2e-4],

@@ -42,6 +42,7 @@ def synthetic_features(n: int, seed: int = 0) -> np.ndarray:
         "kv_available_blocks": rng.integers(0, 900, n),
         "kv_deficit_blocks": rng.integers(0, 50, n),
         "oldest_waiting_s": rng.uniform(0, 5, n),
+        "kv_wait_estimate_s": rng.exponential(1.0, n),
         "recent_step_ratio": rng.uniform(0.9, 1.1, n),
         "nominal_queue_s": step_remaining_s + queued_prefill_tokens / TOKENS_PER_S,
         "nominal_lookup_s": 2e-4 + 1e-5 * request_blocks,
