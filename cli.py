@@ -228,6 +228,95 @@ def _print_bench(result: dict) -> None:
     console.print(f"report: {Path(result['out']) / 'bench.md'}")
 
 
+MlflowOpt = Annotated[
+    str | None, typer.Option(help="MLflow tracking URI (default sqlite:///runs/mlflow.db, artifacts in runs/).")
+]
+
+
+@app.command()
+def train(
+    db: DbOpt = Path("runs/kvcost.duckdb"),
+    runs: Annotated[str | None, typer.Option(help="Comma-separated run ids (default: every run in the log).")] = None,
+    predictor: Annotated[str, typer.Option(help="Term predictor: lightgbm, sklearn or analytic.")] = "lightgbm",
+    mlflow_uri: MlflowOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Train every TTFT term from the log, compare with the analytic model, register a challenger in MLflow."""
+    from kvcost.models.train_job import METRIC_HEADER, metric_rows, run_training
+
+    run_ids = [r.strip() for r in runs.split(",") if r.strip()] if runs else None
+    with console.status("training"):
+        outcome = _guard(lambda: run_training(db, run_ids=run_ids, predictor=predictor, mlflow_uri=mlflow_uri, out=out))
+    table = Table(*METRIC_HEADER, title=f"kvcost train — holdout of {outcome.evaluation['rows']} requests")
+    for row in metric_rows(outcome.evaluation):
+        table.add_row(*row)
+    console.print(table)
+    console.print(
+        f"coverage of the 90 % TTFT bound: {outcome.evaluation['coverage_90']:.1%}; "
+        f"registered kvcost-terms version {outcome.version} as challenger"
+    )
+    console.print(f"report: {Path(outcome.report['out']) / 'training.md'}")
+
+
+models_app = typer.Typer(no_args_is_help=True, help="Review the kvcost-terms versions in the MLflow registry.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list(mlflow_uri: MlflowOpt = None) -> None:
+    """Versions, aliases and holdout metrics of kvcost-terms."""
+    from kvcost.models.mlflow_store import list_versions
+
+    rows = _guard(lambda: list_versions(mlflow_uri))
+    table = Table("version", "aliases", "TTFT MAE (s)", "analytic MAE (s)", "coverage 90", "feature spec", "run")
+    for r in rows:
+        table.add_row(
+            str(r["version"]),
+            ", ".join(r["aliases"]),
+            _fmt(r["ttft_mae_s"], "{:.4f}"),
+            _fmt(r["analytic_ttft_mae_s"], "{:.4f}"),
+            _fmt(r["coverage_90"], "{:.1%}"),
+            r["feature_spec_hash"] or "",
+            r["run_id"][:12],
+        )
+    console.print(table if rows else "no kvcost-terms versions yet: run `kvcost train`")
+
+
+@models_app.command("promote")
+def models_promote(
+    version: Annotated[str | None, typer.Option(help="Version to promote (default: the challenger).")] = None,
+    force: Annotated[bool, typer.Option(help="Promote even if worse (needs --reason).")] = False,
+    reason: Annotated[str, typer.Option(help="Why a forced promotion is justified; recorded.")] = "",
+    mlflow_uri: MlflowOpt = None,
+) -> None:
+    """Move the champion alias to a version if, on the same holdout, it is no worse than the champion."""
+    from kvcost.models.mlflow_store import promote
+
+    def run():
+        try:
+            return promote(mlflow_uri, version, force, reason)
+        except LookupError as exc:
+            raise ValueError(str(exc)) from None
+
+    result = _guard(run)
+    table = Table("", "TTFT MAE (s)", "coverage 90", "|coverage − 0.9|", title=result.message)
+    for name, figures in (("challenger", result.challenger), ("champion", result.champion)):
+        if figures:
+            table.add_row(
+                name,
+                f"{figures['ttft_mae_s']:.4f}",
+                f"{figures['coverage_90']:.1%}",
+                f"{figures['coverage_error']:.3f}",
+            )
+    console.print(table)
+    if not result.promoted:
+        raise typer.Exit(code=1)
+
+
+def _fmt(value, pattern: str) -> str:
+    return "–" if value is None else pattern.format(value)
+
+
 def _prepare(options: dict) -> RunSpec:
     """Map CLI option names onto :func:`kvcost.replay.runner.prepare`."""
     options = dict(options)

@@ -160,11 +160,12 @@ def list_versions(uri: str | None = None) -> list[dict]:
     except Exception:
         return []
     rows = []
-    for v in sorted(versions, key=lambda v: int(v.version), reverse=True):
+    for found in sorted(versions, key=lambda v: int(v.version), reverse=True):
+        v = client.get_model_version(REGISTERED_MODEL, found.version)  # search results omit aliases
         metrics = client.get_run(v.run_id).data.metrics
         rows.append(
             {
-                "version": v.version,
+                "version": str(v.version),
                 "aliases": sorted(v.aliases),
                 "run_id": v.run_id,
                 "feature_spec_hash": client.get_run(v.run_id).data.tags.get("feature_spec_hash"),

@@ -11,7 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kvcost.replay.bench import BASELINES, KVCOST_POLICIES, best_baseline  # noqa: E402
-from kvcost.replay.outputs import format_value, markdown_table, write_summary_json  # noqa: E402
+from kvcost.replay.outputs import format_value  # noqa: E402
+from kvcost.reporting import markdown_table, write_json  # noqa: E402
 
 _COLUMNS = (
     ("ttft_p50_s", "TTFT P50 (s)"),
@@ -41,7 +42,7 @@ def _ratio(value) -> str:
 def write_bench_json(path: Path, header: dict, rows: list[dict]) -> None:
     """``{**header, "results": [one object per (policy, load, workers)]}``."""
     cells = [{k: v for k, v in r.items() if k != "worker_samples"} for r in rows]
-    write_summary_json(path, {**header, "results": cells})
+    write_json(path, {**header, "results": cells})
 
 
 def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str]) -> None:

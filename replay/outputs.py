@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 from kvcost.data.store import LogStore  # noqa: E402
 from kvcost.replay.metrics import SUMMARY_KEYS  # noqa: E402
 from kvcost.replay.simulator import ReplayResult  # noqa: E402
+from kvcost.reporting import markdown_table  # noqa: E402
 
 
 def log_replay(
@@ -34,21 +34,6 @@ def log_replay(
     store.write_frame("requests", run_id, result.requests)
     store.write_frame("candidates", run_id, result.candidates)
     store.write_frame("worker_samples", run_id, result.worker_samples)
-
-
-def write_summary_json(path: Path, summary: dict) -> None:
-    """Write ``summary`` as indented JSON with sorted keys (NaN written as null)."""
-    path.write_text(json.dumps(_finite(summary), indent=2, sort_keys=True) + "\n")
-
-
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 _LABELS = {
@@ -86,13 +71,6 @@ def comparison_rows(configs: dict[str, dict]) -> tuple[list[str], list[list[str]
     header = ["metric", *configs]
     rows = [[_LABELS[key], *(format_value(key, c[key]) for c in configs.values())] for key in SUMMARY_KEYS]
     return header, rows
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    """A GitHub-flavoured Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def write_report_md(path: Path, summary: dict, setup_lines: list[str], plots: list[str]) -> None:

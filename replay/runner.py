@@ -33,8 +33,9 @@ from kvcost.replay.bench_report import plot_hit_vs_p99, plot_p99_vs_load, write_
 from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
 from kvcost.replay.experiment import CONFIGURATIONS, Configuration, configure, replay, study_summary
 from kvcost.replay.metrics import infinite_cache_hit_ratio
-from kvcost.replay.outputs import log_replay, plot_queues, plot_ttft_cdf, write_report_md, write_summary_json
+from kvcost.replay.outputs import log_replay, plot_queues, plot_ttft_cdf, write_report_md
 from kvcost.replay.simulator import ReplayResult
+from kvcost.reporting import write_json
 from kvcost.serving.policies import ROUTER_POLICIES
 
 
@@ -179,7 +180,7 @@ def _study_header(spec: RunSpec) -> dict:
 
 def _write_files(spec: RunSpec, summary: dict, results: dict[str, ReplayResult], run_ids: dict[str, str]) -> None:
     caption = f"{spec.trace_arg}, rate scale {spec.trace.rate_scale:g}, {spec.config.workers} workers"
-    write_summary_json(spec.out / "summary.json", summary)
+    write_json(spec.out / "summary.json", summary)
     plot_ttft_cdf(results, spec.out / "ttft_cdf.png", caption)
     plot_queues({k: r.worker_samples for k, r in results.items()}, spec.out / "queued_prefill_tokens.png", caption)
     plots = ["ttft_cdf.png", "queued_prefill_tokens.png"]

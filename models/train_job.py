@@ -1,0 +1,169 @@
+"""``kvcost train``: read the log, train every term, evaluate against the analytic model, register in MLflow.
+
+Writes ``training.json`` (metrics per term and for TTFT, learned and analytic
+side by side, coverage, data window, registered version) next to
+``training.md`` and a plot of predicted against actual TTFT on the holdout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from kvcost.models.composition import TERMS  # noqa: E402
+from kvcost.models.mlflow_store import DEFAULT_TRACKING_URI, log_and_register  # noqa: E402
+from kvcost.models.term_set import TermModelSet  # noqa: E402
+from kvcost.models.training import (  # noqa: E402
+    evaluate,
+    feature_matrix,
+    load_training_frame,
+    split_by_time,
+    train_term_set,
+)
+from kvcost.reporting import markdown_table, write_json  # noqa: E402
+
+
+@dataclass(frozen=True)
+class TrainingOutcome:
+    """What ``kvcost train`` produced: the model set, its evaluation, the registered version."""
+
+    model_set: TermModelSet
+    evaluation: dict
+    report: dict
+    version: str | None
+
+
+def run_training(
+    db: Path,
+    *,
+    run_ids: Sequence[str] | None = None,
+    predictor: str = "lightgbm",
+    mlflow_uri: str | None = None,
+    out: Path | None = None,
+    train_fraction: float = 0.5,
+    calibration_fraction: float = 0.1,
+    register: bool = True,
+) -> TrainingOutcome:
+    """Train on the log ``db`` and (unless ``register`` is False) register a ``challenger`` version.
+
+    Raises:
+        FileNotFoundError, ValueError: missing log, no rows, bad fractions (messages name them).
+    """
+    frame = load_training_frame(db, run_ids)
+    split = split_by_time(frame, train_fraction, calibration_fraction)
+    model_set = train_term_set(split, predictor)
+    evaluation = evaluate(model_set, split.holdout)
+    config = {
+        "db": str(db),
+        "run_ids": list(run_ids) if run_ids else sorted(frame["run_id"].unique().tolist()),
+        "predictor": predictor,
+        "train_fraction": train_fraction,
+        "calibration_fraction": calibration_fraction,
+    }
+    version = None
+    if register:
+        version = log_and_register(model_set, evaluation, split.holdout, config, mlflow_uri).version
+    report = {
+        **config,
+        "mlflow_uri": mlflow_uri or DEFAULT_TRACKING_URI,
+        "registered_version": version,
+        "metadata": model_set.metadata,
+        "evaluation": evaluation,
+    }
+    out = out if out is not None else Path("runs") / f"train-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "training.json", report)
+    _plot_holdout(model_set, split.holdout, out / "holdout_ttft.png")
+    (out / "training.md").write_text(training_markdown(report))
+    return TrainingOutcome(model_set, evaluation, {**report, "out": str(out)}, version)
+
+
+def metric_rows(evaluation: dict) -> list[list[str]]:
+    """Rows ``term, learned MAE, analytic MAE, ratio, learned P90 |err|, analytic P90 |err|, MAPEs``."""
+    rows = []
+    for term in (*TERMS, "ttft"):
+        learned, analytic = evaluation["learned"][term], evaluation["analytic"][term]
+        ratio = learned["mae_s"] / analytic["mae_s"] if analytic["mae_s"] > 0 else float("nan")
+        rows.append(
+            [
+                term,
+                f"{learned['mae_s']:.4f}",
+                f"{analytic['mae_s']:.4f}",
+                f"{ratio:.2f}" if ratio == ratio else "–",
+                f"{learned['p90_abs_error_s']:.4f}",
+                f"{analytic['p90_abs_error_s']:.4f}",
+                _pct(learned["mape"]),
+                _pct(analytic["mape"]),
+            ]
+        )
+    return rows
+
+
+METRIC_HEADER = [
+    "term",
+    "MAE learned (s)",
+    "MAE analytic (s)",
+    "learned / analytic",
+    "P90 |err| learned (s)",
+    "P90 |err| analytic (s)",
+    "MAPE learned",
+    "MAPE analytic",
+]
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None or value != value else f"{value:.1%}"
+
+
+def training_markdown(report: dict) -> str:
+    """The training report: data, metrics table, coverage, registered version."""
+    ev = report["evaluation"]
+    meta = report["metadata"]
+    return "\n".join(
+        [
+            f"# kvcost train — {report['predictor']}",
+            "",
+            f"- log `{report['db']}`, runs {', '.join(report['run_ids'])}",
+            f"- rows: {meta['rows']} (time-ordered: train, calibration, holdout)",
+            f"- feature spec {meta['feature_spec_hash']}; MLflow `{report['mlflow_uri']}`, "
+            f"version {report['registered_version'] or '(not registered)'}",
+            "",
+            markdown_table(METRIC_HEADER, metric_rows(ev)),
+            "",
+            f"Coverage of the 90 % TTFT bound on the holdout: {ev['coverage_90']:.1%}. "
+            "MAPE counts rows whose actual value exceeds 100 ms. Learned TTFT is the isotonic-recalibrated "
+            "composition of the learned terms (the score `learned_cost_aware` routes by).",
+            "",
+            "![holdout TTFT](holdout_ttft.png)",
+            "",
+        ]
+    )
+
+
+def _plot_holdout(model_set: TermModelSet, holdout, path: Path) -> None:
+    x = feature_matrix(holdout)
+    actual = holdout["actual_ttft_s"].to_numpy()
+    learned = model_set.calibrate(model_set.predict(x)).p50_s
+    analytic = TermModelSet.analytic().predict(x).ttft_s
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    ax.scatter(actual, analytic, s=4, alpha=0.35, label="analytic")
+    ax.scatter(actual, learned, s=4, alpha=0.35, label="learned (calibrated)")
+    top = float(max(actual.max(), 1e-3))
+    ax.plot([1e-3, top], [1e-3, top], "k--", lw=0.8, label="ideal")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("actual TTFT (s)")
+    ax.set_ylabel("predicted TTFT (s)")
+    ax.set_title(f"Holdout TTFT, {len(actual)} requests", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
