@@ -16,6 +16,17 @@ was at most its 90 % upper bound (:class:`~kvcost.calibration.conformal.SplitCon
   reference below ``mae_floor_s`` is raised to it, so a term that is predicted
   exactly (no transfer → 0 s predicted, 0 s actual) does not alert on
   microseconds of noise.
+  With ``reference="peers"`` the reference of ``(worker, term)`` is instead the
+  median rolling MAE of the *other* workers for that term (at least two with
+  ``min_observations``): a worker is compared with its peers over the same
+  window, so a load surge that raises every worker's error does not alert but a
+  straggler does. Use it when the load is not stationary (replays of real traces).
+- ``"speed_ratio"`` (``reference="peers"`` only, for ``bias_terms``, default
+  ``("prefill",)``): the worker's median of actual ÷ predicted over its window,
+  divided by the median of its peers' medians. A straggler at 60 % speed shows
+  ≈ 1.67 on its prefill term whatever the request sizes, where an MAE swings
+  with them. Out of band outside ``[1 / speed_ratio_band, speed_ratio_band]``
+  (default 1.3).
 - ``"coverage_90"``: share of actual TTFT ≤ the 90 % upper bound; out of band
   outside ``coverage_band`` (default (0.80, 0.97)). Too low means the bounds
   are optimistic; too high means they are wider than they need to be.
@@ -32,6 +43,7 @@ clock.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -42,9 +54,11 @@ from kvcost.models.composition import TERMS
 #: Keys the monitor tracks: every TTFT term plus the composed ``"ttft"``.
 MONITORED_TERMS: tuple[str, ...] = (*TERMS, "ttft")
 
-Metric = Literal["mae_ratio", "coverage_90"]
+Metric = Literal["mae_ratio", "speed_ratio", "coverage_90"]
 
 _TERM_ORDER = {term: i for i, term in enumerate(MONITORED_TERMS)}
+#: Added to actual and predicted before their ratio so that 0 s terms stay finite, seconds.
+_RATIO_EPS_S = 1e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +137,10 @@ class DriftMonitor:
             0 ≤ low ≤ high ≤ 1 (default (0.80, 0.97)).
         mae_floor_s: smallest reference MAE used in the ratio, seconds, > 0
             (default 0.001 s).
+        reference: ``"model"`` (the set or first-window reference, default) or
+            ``"peers"`` (the median of the other workers' rolling MAE).
+        bias_terms: terms whose speed ratio is checked in ``"peers"`` mode.
+        speed_ratio_band: > 1; alert outside ``[1 / band, band]`` (default 1.3).
 
     Raises:
         ValueError: a config value out of range.
@@ -141,6 +159,9 @@ class DriftMonitor:
         mae_ratio_band: float = 2.0,
         coverage_band: tuple[float, float] = (0.80, 0.97),
         mae_floor_s: float = 1e-3,
+        reference: Literal["model", "peers"] = "model",
+        bias_terms: tuple[str, ...] = ("prefill",),
+        speed_ratio_band: float = 1.3,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be ≥ 1 observation; got {window!r}")
@@ -153,6 +174,16 @@ class DriftMonitor:
             raise ValueError(f"coverage_band must satisfy 0 ≤ low ≤ high ≤ 1; got {coverage_band!r}")
         if not (math.isfinite(mae_floor_s) and mae_floor_s > 0.0):
             raise ValueError(f"mae_floor_s must be finite and > 0 seconds; got {mae_floor_s!r}")
+        if reference not in ("model", "peers"):
+            raise ValueError(f"reference must be 'model' or 'peers'; got {reference!r}")
+        if not (math.isfinite(speed_ratio_band) and speed_ratio_band > 1.0):
+            raise ValueError(f"speed_ratio_band must be finite and > 1; got {speed_ratio_band!r}")
+        for term in bias_terms:
+            _check_term(term, "bias_terms")
+        self.reference = reference
+        self.bias_terms = tuple(bias_terms)
+        self.speed_ratio_band = float(speed_ratio_band)
+        self._log_ratios: dict[tuple[Hashable, str], _Rolling] = {}
         self.window = int(window)
         self.min_observations = int(min_observations)
         self.mae_ratio_band = float(mae_ratio_band)
@@ -188,9 +219,22 @@ class DriftMonitor:
 
     def reference_mae_s(self, worker_id: Hashable, term: str) -> float | None:
         """The reference MAE used for ``(worker_id, term)``, seconds, or None when not known yet."""
+        if self.reference == "peers":
+            return self._peer_reference_s(worker_id, term)
         if term in self._reference_mae_s:
             return self._reference_mae_s[term]
         return self._estimated_reference_s.get((worker_id, term))
+
+    def _peer_reference_s(self, worker_id: Hashable, term: str) -> float | None:
+        peers = sorted(
+            errors.mean
+            for (other, other_term), errors in self._errors.items()
+            if other_term == term and other != worker_id and len(errors) >= self.min_observations
+        )
+        if len(peers) < 2:
+            return None
+        mid = len(peers) // 2
+        return peers[mid] if len(peers) % 2 else 0.5 * (peers[mid - 1] + peers[mid])
 
     # -- data ----------------------------------------------------------------
 
@@ -240,6 +284,11 @@ class DriftMonitor:
             if errors is None:
                 errors = self._errors[key] = _Rolling(self.window)
             errors.push(now_s, abs(float(actual[term]) - float(pred_s)))
+            if self.reference == "peers" and term in self.bias_terms:
+                ratios = self._log_ratios.get(key)
+                if ratios is None:
+                    ratios = self._log_ratios[key] = _Rolling(self.window)
+                ratios.push(now_s, math.log((float(actual[term]) + _RATIO_EPS_S) / (float(pred_s) + _RATIO_EPS_S)))
             if errors.full and term not in self._reference_mae_s and key not in self._estimated_reference_s:
                 self._estimated_reference_s[key] = errors.mean
         if ttft_upper90_s is not None:
@@ -281,6 +330,7 @@ class DriftMonitor:
                 f" over {errors.times_s[0]:.1f}–{errors.times_s[-1]:.1f} s"
             )
             self._transition(alerts, worker_id, term, "mae_ratio", ratio, band, ratio > band[1], errors, message)
+        self._check_speed(alerts)
         for worker_id, covered in self._covered.items():
             if len(covered) < self.min_observations:
                 continue
@@ -294,6 +344,26 @@ class DriftMonitor:
             self._transition(alerts, worker_id, "ttft", "coverage_90", share, (low, high), outside, covered, message)
         alerts.sort(key=lambda a: (self._workers[a.worker_id], _TERM_ORDER[a.term], a.metric != "mae_ratio"))
         return alerts
+
+    def _check_speed(self, alerts: list[DriftAlert]) -> None:
+        medians = {
+            key: statistics.median(ratios.values)
+            for key, ratios in self._log_ratios.items()
+            if len(ratios) >= self.min_observations
+        }
+        band = (1.0 / self.speed_ratio_band, self.speed_ratio_band)
+        for (worker_id, term), own in medians.items():
+            peers = [m for (other, other_term), m in medians.items() if other_term == term and other != worker_id]
+            if len(peers) < 2:
+                continue
+            ratio = math.exp(own - statistics.median(peers))
+            rolling = self._log_ratios[(worker_id, term)]
+            message = (
+                f"worker {worker_id} {term}: actual/predicted {ratio:.2f}× its peers' "
+                f"(band {band[0]:.2f}–{band[1]:.2f}×) over {rolling.times_s[0]:.1f}–{rolling.times_s[-1]:.1f} s"
+            )
+            outside = not band[0] <= ratio <= band[1]
+            self._transition(alerts, worker_id, term, "speed_ratio", ratio, band, outside, rolling, message)
 
     def _transition(
         self,

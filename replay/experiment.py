@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvcost.data.traces import Trace
+from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.metrics import summarise
+from kvcost.replay.online import OnlineSettings
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 
 
@@ -43,9 +45,15 @@ def configure(base: ClusterConfig, arm: Configuration) -> ClusterConfig:
     return replace(base, cache_enabled=arm.cache_enabled, router=replace(base.router, policy=arm.policy))
 
 
-def replay(trace: Trace, config: ClusterConfig, progress: Callable[[int], None] | None = None) -> ReplayResult:
-    """Replay ``trace`` once under ``config``."""
-    return ClusterSimulator(config, trace.block_size_tokens).run(trace, progress)
+def replay(
+    trace: Trace,
+    config: ClusterConfig,
+    progress: Callable[[int], None] | None = None,
+    cost_model: TermModelSet | None = None,
+    online: OnlineSettings | None = None,
+) -> ReplayResult:
+    """Replay ``trace`` once under ``config`` (optionally with a learned or online-learned cost model)."""
+    return ClusterSimulator(config, trace.block_size_tokens, cost_model, online).run(trace, progress)
 
 
 def attribution(configs: dict[str, dict]) -> dict[str, float]:

@@ -17,7 +17,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -26,8 +26,10 @@ from kvcost.data.traces import Trace
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.models.composition import TERMS
 from kvcost.models.hardware import StepTimeModel
+from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.kv_cache import BlockPool
+from kvcost.replay.online import OnlineLearner, OnlineSettings
 from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
 from kvcost.serving.directory import CacheDirectory, Namespace
 from kvcost.serving.router import Router
@@ -53,6 +55,8 @@ class ReplayResult:
         makespan_s: first measured arrival → last completion.
         rejected_requests: requests whose whole sequence needs more KV blocks than
             the chosen worker has at all (they could never be admitted); not served.
+        retrains: online learning only: each retraining (``t_s``, ``rows``, ``trigger``).
+        drift_alerts: online learning only: each drift alert (``t_s``, worker, term, message).
     """
 
     requests: pd.DataFrame
@@ -61,6 +65,8 @@ class ReplayResult:
     utilisation: np.ndarray
     makespan_s: float
     rejected_requests: int = 0
+    retrains: tuple[dict, ...] = ()
+    drift_alerts: tuple[dict, ...] = ()
 
 
 class ClusterSimulator:
@@ -68,9 +74,21 @@ class ClusterSimulator:
 
     Construction builds the (empty) cluster; :meth:`run` replays. One
     simulator instance runs one replay.
+
+    Args:
+        config: the cluster.
+        block_size_tokens: KV block size (the trace's).
+        cost_model: the router's cost model (None = analytic), e.g. a registered champion.
+        online: retrain the router's models on the replay's own log as it goes.
     """
 
-    def __init__(self, config: ClusterConfig, block_size_tokens: int) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        block_size_tokens: int,
+        cost_model: TermModelSet | None = None,
+        online: OnlineSettings | None = None,
+    ) -> None:
         self.config = config
         self.block_size_tokens = block_size_tokens
         self.namespace = Namespace(config.model, block_size_tokens=block_size_tokens)
@@ -79,7 +97,8 @@ class ClusterSimulator:
             for gpu in sorted(set(config.fleet))
         }
         self.directory = CacheDirectory()
-        self.router = Router(self.directory, self.step_models, config.router)
+        self.router = Router(self.directory, self.step_models, config.router, cost_model)
+        self.online = OnlineLearner(online) if online is not None else None
         self.workers = [self._make_worker(i, gpu) for i, gpu in enumerate(config.fleet)]
         self._pending_events: deque[tuple[float, int, str, list[int], int | None]] = deque()
 
@@ -120,15 +139,24 @@ class ClusterSimulator:
                 worker = self.workers[worker_id]
                 done = worker.finish_step(now)
                 log.complete(done)
+                if self.online is not None and done:
+                    self.online.observe(log.observed, now)
                 if progress is not None and done:
                     progress(len(done))
                 self._start(worker, now, steps)
             else:
+                if self.online is not None:
+                    model_set = self.online.maybe_retrain(log.observed, t_arrival)
+                    if model_set is not None:
+                        self.router.set_cost_model(model_set)
                 served = self._arrive(requests[next_arrival], t_arrival, steps, log)
                 next_arrival += 1
                 if progress is not None and not served:
                     progress(1)
-        return log.result(self.workers)
+        result = log.result(self.workers)
+        if self.online is not None:
+            result = replace(result, retrains=tuple(self.online.retrains), drift_alerts=tuple(self.online.alerts))
+        return result
 
     def _arrive(self, trace_request, now: float, steps: list, log: _Log) -> bool:
         """Route and enqueue one arrival; False if it is rejected as larger than the worker's KV."""
@@ -199,7 +227,9 @@ class _Log:
         self.warmup_s = config.warmup_s
         self.cache_enabled = config.cache_enabled
         self.n_workers = n_workers
-        self.decisions: dict[int, tuple[int, np.ndarray]] = {}
+        self.decisions: dict[int, tuple[int, np.ndarray, np.ndarray, float]] = {}
+        # per completed request: (chosen features, actual terms + TTFT, arrival, worker, predicted, P90, finish)
+        self.observed: list[tuple] = []
         self.rows: list[tuple] = []
         self.candidate_blocks: list[np.ndarray] = []
         self.candidate_ids: list[tuple[int, tuple[int, ...], int]] = []
@@ -213,7 +243,9 @@ class _Log:
             return
         self.first_arrival_s = min(self.first_arrival_s, request.arrival_s)
         preds = decision.predictions.as_matrix()
-        self.decisions[request.request_id] = (decision.worker_id, preds[decision.chosen_index])
+        index = decision.chosen_index
+        p90_s = float(decision.calibrated.p90_s[index]) if decision.calibrated is not None else math.nan
+        self.decisions[request.request_id] = (decision.worker_id, preds[index], decision.features[index], p90_s)
         self.candidate_blocks.append(np.hstack([decision.features, preds]))
         self.candidate_ids.append((request.request_id, decision.worker_ids, decision.chosen_index))
 
@@ -221,7 +253,7 @@ class _Log:
         for r in done:
             if r.request_id not in self.decisions:
                 continue
-            worker_id, pred = self.decisions.pop(r.request_id)
+            worker_id, pred, features, p90_s = self.decisions.pop(r.request_id)
             self.last_finish_s = max(self.last_finish_s, r.finish_s)
             queue_s = r.admitted_s - r.arrival_s
             prefill_s = r.prefill_end_s - (r.admitted_s + r.lookup_s)
@@ -229,6 +261,8 @@ class _Log:
             tpot_s = (r.finish_s - r.prefill_end_s) / (r.output_tokens - 1) if r.output_tokens > 1 else math.nan
             e2e_s = r.finish_s + r.first_token_overhead_s - r.arrival_s
             mismatch = max(0, r.predicted_reuse_tokens - r.reused_tokens)
+            actual = (queue_s, r.lookup_s, 0.0, prefill_s, r.first_token_overhead_s, ttft_s)
+            self.observed.append((features, actual, r.arrival_s, worker_id, pred, p90_s, r.finish_s))
             self.rows.append(
                 (
                     r.request_id,
@@ -239,12 +273,7 @@ class _Log:
                     r.predicted_reuse_tokens,
                     r.reused_tokens,
                     *pred.tolist(),
-                    queue_s,
-                    r.lookup_s,
-                    0.0,
-                    prefill_s,
-                    r.first_token_overhead_s,
-                    ttft_s,
+                    *actual,
                     tpot_s,
                     e2e_s,
                     mismatch,

@@ -159,6 +159,7 @@ class Router:
             reusable_tokens=reusable,
             features=features,
             predictions=predictions,
+            calibrated=calibrated,
         )
 
     def _skew_allowed(self, worker_ids: tuple[int, ...]) -> np.ndarray:

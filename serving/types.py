@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcost.models.composition import TermPredictions
+from kvcost.models.composition import CalibratedTTFT, TermPredictions
 from kvcost.serving.directory import DirectoryMatch, Namespace
 
 
@@ -98,6 +98,7 @@ class RouteDecision:
         reusable_tokens: int64 ``(n_candidates,)``, tokens the directory says are reusable.
         features: float64 ``(n_candidates, len(FEATURE_SPEC))``.
         predictions: predicted terms per candidate.
+        calibrated: calibrated TTFT per candidate when the cost model is learned, else None.
     """
 
     request_id: int
@@ -109,3 +110,4 @@ class RouteDecision:
     reusable_tokens: np.ndarray
     features: np.ndarray
     predictions: TermPredictions
+    calibrated: CalibratedTTFT | None = None

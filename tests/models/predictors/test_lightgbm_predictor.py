@@ -27,7 +27,7 @@ def test_defaults_and_overrides():
     assert predictor.params["objective"] == "l1"
     assert predictor.params["deterministic"] is True
     assert (predictor.params["num_leaves"], predictor.params["num_threads"]) == (7, 1)
-    assert predictor.params["num_boost_round"] == 300
+    assert predictor.params["num_boost_round"] == 150
 
 
 def test_num_boost_round_and_leaves_reach_the_booster(tiny_features):

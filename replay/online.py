@@ -1,0 +1,130 @@
+"""Online learning inside the replay: scheduled retraining on the log so far, and drift monitoring.
+
+The "scheduled retraining job" run on the replay's clock: the router starts
+with the analytic model; every ``retrain_every_s`` of replay time (or sooner,
+when the drift monitor flags a worker or term) the learner trains a new
+:class:`~kvcost.models.term_set.TermModelSet` on every request completed so far
+(the latest ``calibration_fraction`` of them calibrate it) and the router swaps
+it in. Each completed request is also fed to a
+:class:`~kvcost.calibration.drift.DriftMonitor` (peer reference: a worker's
+rolling error against the other workers' over the same window, robust to the
+trace's load swings) with the predictions made for it at decision time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from kvcost.calibration.drift import DriftMonitor
+from kvcost.features.spec import FEATURE_NAMES
+from kvcost.models.composition import TERMS
+from kvcost.models.term_set import TermModelSet
+from kvcost.models.training import ACTUAL_COLUMNS, TimeSplit, train_term_set
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineSettings:
+    """Online retraining configuration.
+
+    Attributes:
+        retrain_every_s: replay seconds between scheduled retrainings (> 0).
+        predictor: term predictor name (``lightgbm`` by default).
+        min_rows: completed requests needed before the first training (≥ 20).
+        calibration_fraction: latest share of the rows used to calibrate, in (0, 1).
+        retrain_on_drift: retrain at the next arrival when the drift monitor flags a
+            worker's speed (``speed_ratio``: the model's prior for that worker is wrong),
+            but not sooner than ``min_drift_interval_s`` after the last retraining.
+            Error and coverage alerts are reported but do not retrain: the trace's load
+            swings move them without the model being stale.
+        min_drift_interval_s: replay seconds between drift-triggered retrainings (≥ 0).
+    """
+
+    retrain_every_s: float = 300.0
+    predictor: str = "lightgbm"
+    min_rows: int = 500
+    calibration_fraction: float = 0.2
+    retrain_on_drift: bool = True
+    min_drift_interval_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not self.retrain_every_s > 0:
+            raise ValueError(f"retrain_every_s = {self.retrain_every_s}, expected a number > 0")
+        if self.min_rows < 20:
+            raise ValueError(f"min_rows = {self.min_rows}, expected an integer ≥ 20")
+        if not 0 < self.calibration_fraction < 1:
+            raise ValueError(f"calibration_fraction = {self.calibration_fraction}, expected a number in (0, 1)")
+
+
+@dataclass
+class OnlineLearner:
+    """Retraining schedule, drift monitor and their history for one replay.
+
+    ``observe`` is called for each completed request, ``maybe_retrain`` before each
+    routing decision; it returns a new model set when it retrained, else None.
+    """
+
+    settings: OnlineSettings
+    monitor: DriftMonitor = field(default_factory=lambda: DriftMonitor(reference="peers"))
+    next_retrain_s: float = 0.0
+    retrains: list[dict] = field(default_factory=list)
+    alerts: list[dict] = field(default_factory=list)
+    _seen: int = 0
+    _drift_pending: bool = False
+
+    def __post_init__(self) -> None:
+        self.next_retrain_s = self.settings.retrain_every_s
+
+    def observe(self, observations: list[tuple], now_s: float) -> None:
+        """Feed newly completed requests (``_Log.observed`` entries from ``_seen`` on) to the drift monitor."""
+        for _features, actual, _arrival, worker_id, pred, p90_s, _finish in observations[self._seen :]:
+            predicted = {t: float(pred[i]) for i, t in enumerate(TERMS)} | {"ttft": float(pred[len(TERMS)])}
+            measured = {t: float(actual[i]) for i, t in enumerate(TERMS)} | {"ttft": float(actual[len(TERMS)])}
+            self.monitor.observe(worker_id, now_s, predicted, measured, None if np.isnan(p90_s) else p90_s)
+        self._seen = len(observations)
+        for alert in self.monitor.check(now_s):
+            self._drift_pending |= alert.metric == "speed_ratio"
+            self.alerts.append(
+                {
+                    "t_s": now_s,
+                    "worker_id": alert.worker_id,
+                    "term": alert.term,
+                    "metric": alert.metric,
+                    "value": alert.value,
+                    "message": alert.message,
+                }
+            )
+
+    def maybe_retrain(self, observations: list[tuple], now_s: float) -> TermModelSet | None:
+        """Retrain when the schedule or a drift alert says so and enough rows exist."""
+        drift = (
+            self.settings.retrain_on_drift
+            and self._drift_pending
+            and bool(self.retrains)
+            and now_s >= self.retrains[-1]["t_s"] + self.settings.min_drift_interval_s
+        )
+        if (now_s < self.next_retrain_s and not drift) or len(observations) < self.settings.min_rows:
+            return None
+        frame = observations_frame(observations)
+        n_calib = max(10, int(len(frame) * self.settings.calibration_fraction))
+        split = TimeSplit(frame.iloc[:-n_calib], frame.iloc[-n_calib:], frame.iloc[:0])
+        model_set = train_term_set(split, self.settings.predictor)
+        self.monitor.reset_retrain_flag()
+        self._drift_pending = False
+        self.retrains.append({"t_s": now_s, "rows": len(frame), "trigger": "drift" if drift else "schedule"})
+        self.next_retrain_s = now_s + self.settings.retrain_every_s
+        return model_set
+
+
+def observations_frame(observations: list[tuple]) -> pd.DataFrame:
+    """Training rows (FEATURE_NAMES, ``actual_*_s``, ``arrival_s``, ``worker_id``) in completion order."""
+    features = np.vstack([o[0] for o in observations])
+    frame = pd.DataFrame(features, columns=list(FEATURE_NAMES))
+    actual = np.array([o[1] for o in observations], dtype=np.float64)
+    for i, name in enumerate(ACTUAL_COLUMNS):
+        frame[name] = actual[:, i]
+    frame["arrival_s"] = [o[2] for o in observations]
+    frame["worker_id"] = [o[3] for o in observations]
+    return frame
