@@ -24,8 +24,17 @@ from rich.table import Table
 from kvcost.data.traces import BUNDLED_TRACES, TraceFormatError
 from kvcost.models.hardware import MODELS
 from kvcost.replay.experiment import Configuration
+from kvcost.replay.online import OnlineSettings
 from kvcost.replay.outputs import comparison_rows
-from kvcost.replay.runner import RunSpec, bench_policies, execute, execute_bench, experiment_arms, prepare
+from kvcost.replay.runner import (
+    LearnedSetup,
+    RunSpec,
+    bench_policies,
+    execute,
+    execute_bench,
+    experiment_arms,
+    prepare,
+)
 from kvcost.serving.policies import ROUTER_POLICIES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
@@ -76,11 +85,11 @@ def _guard(body: Callable[[], object]) -> object:
         raise typer.Exit(code=2) from None
 
 
-def _run(spec: RunSpec, arms: list[Configuration]) -> None:
+def _run(spec: RunSpec, arms: list[Configuration], learned: LearnedSetup | None = None) -> None:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("replaying", total=len(spec.trace) * len(arms))
-        summary = _guard(lambda: execute(spec, arms, lambda n: progress.advance(task, n)))
+        summary = _guard(lambda: execute(spec, arms, lambda n: progress.advance(task, n), learned))
     _print_summary(summary, spec.out)
 
 
@@ -98,6 +107,16 @@ def _print_summary(summary: dict, out: Path) -> None:
             f"cache gain P50 {a['cache_gain_p50_s']:+.3f} s, P99 {a['cache_gain_p99_s']:+.3f} s; "
             f"routing gain P50 {a['routing_gain_p50_s']:+.3f} s, P99 {a['routing_gain_p99_s']:+.3f} s"
         )
+    if "prediction" in summary:
+        p = summary["prediction"]
+        kinds = list(p["mae_s"])
+        console.print(
+            "holdout TTFT MAE: "
+            + ", ".join(f"{k} {p['mae_s'][k]['ttft']:.3f} s" for k in kinds)
+            + f"; 90 % coverage {p['coverage_90']:.1%}"
+        )
+    if "learned_model" in summary:
+        console.print(f"learned_cost_aware: {summary['learned_model']}")
     console.print(f"report: {out / 'report.md'}")
 
 
@@ -121,11 +140,21 @@ def experiment(
     skip_bad_lines: SkipOpt = False,
     out: OutOpt = None,
     db: DbOpt = Path("runs/kvcost.duckdb"),
+    learned: Annotated[
+        bool, typer.Option(help="Add learned_cost_aware, routing with the MLflow champion's calibrated models.")
+    ] = False,
+    online: Annotated[bool, typer.Option(help="learned_cost_aware retrains inside the replay instead.")] = False,
+    retrain_every_s: Annotated[float, typer.Option(help="Online retraining period, replay seconds.")] = 300.0,
+    mlflow_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI of the champion.")] = None,
 ) -> None:
     """Replay one trace under balanced_nocache, balanced_cache and cost_aware; attribute the gains."""
-    options = {k: v for k, v in locals().items()}
+    options = {k: v for k, v in locals().items() if k not in ("learned", "online", "retrain_every_s", "mlflow_uri")}
     spec = _guard(lambda: _prepare(options))
-    _run(spec, experiment_arms())
+    setup = None
+    if learned or online:
+        settings = _guard(lambda: OnlineSettings(retrain_every_s=retrain_every_s)) if online else None
+        setup = LearnedSetup(online=settings, mlflow_uri=mlflow_uri)
+    _run(spec, experiment_arms(learned=setup is not None), setup)
 
 
 @app.command("replay")

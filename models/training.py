@@ -121,6 +121,25 @@ def compose_matrix(term_predictions: dict[str, np.ndarray]) -> np.ndarray:
     return compose_ttft_s(*(term_predictions[t] for t in TERMS))
 
 
+def prediction_block(db: str | Path, run_ids: Sequence[str], predictor: str = "lightgbm") -> dict:
+    """``summary.json``'s ``prediction``: holdout MAE per term and TTFT, analytic vs learned, and coverage.
+
+    Trains on the first 60 % of the given runs' requests (50 % train, 10 %
+    calibration) and evaluates on the last 40 %.
+    """
+    split = split_by_time(load_training_frame(db, run_ids))
+    evaluation = evaluate(train_term_set(split, predictor), split.holdout)
+    terms = (*TERMS, "ttft")
+    return {
+        "holdout_rows": evaluation["rows"],
+        "mae_s": {
+            "analytic": {t: evaluation["analytic"][t]["mae_s"] for t in terms},
+            predictor: {t: evaluation["learned"][t]["mae_s"] for t in terms},
+        },
+        "coverage_90": evaluation["coverage_90"],
+    }
+
+
 def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> TermModelSet:
     """Fit one ``predictor`` per term on ``split.train``, then the calibrators on ``split.calibration``.
 

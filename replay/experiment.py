@@ -129,9 +129,17 @@ def _recompute_squeeze(results: dict[str, ReplayResult]) -> str:
 def study_summary(results: dict[str, ReplayResult], n_workers: int) -> dict:
     """Per-configuration figures; with the three experiment arms, also the attribution and diagnosis."""
     configs = {name: summarise(res, n_workers) for name, res in results.items()}
-    if set(configs) != {arm.name for arm in CONFIGURATIONS}:
+    if not {arm.name for arm in CONFIGURATIONS} <= set(configs):
         return {"configs": configs}
-    return {"configs": configs, "attribution": attribution(configs), "diagnosis": diagnose(configs, results)}
+    summary = {"configs": configs, "attribution": attribution(configs), "diagnosis": diagnose(configs, results)}
+    if "learned_cost_aware" in configs:
+        learned, analytic = configs["learned_cost_aware"], configs["cost_aware"]
+        summary["attribution"]["learned_gain_p50_s"] = analytic["ttft_p50_s"] - learned["ttft_p50_s"]
+        summary["attribution"]["learned_gain_p99_s"] = analytic["ttft_p99_s"] - learned["ttft_p99_s"]
+    online = results.get("learned_cost_aware")
+    if online is not None and online.retrains:
+        summary["online"] = {"retrains": list(online.retrains), "drift_alerts": list(online.drift_alerts)}
+    return summary
 
 
 def run_experiment(

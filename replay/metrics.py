@@ -66,6 +66,17 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     }
 
 
+def p99_by_window(results: dict[str, ReplayResult], window_s: float) -> dict:
+    """TTFT P99 per arrival window of ``window_s`` replay seconds, per configuration (``None`` for empty windows)."""
+    out: dict = {"window_s": window_s}
+    for name, result in results.items():
+        r = result.requests
+        windows = (r["arrival_s"] // window_s).astype(int)
+        p99 = r.groupby(windows)["actual_ttft_s"].quantile(0.99)
+        out[name] = [float(p99[w]) if w in p99.index else None for w in range(int(windows.max()) + 1)]
+    return out
+
+
 def infinite_cache_hit_ratio(trace: Trace) -> float:
     """Token-weighted hit ratio with one infinite, never-evicting cache shared by all workers.
 

@@ -103,8 +103,60 @@ def write_report_md(path: Path, summary: dict, setup_lines: list[str], plots: li
             *[f"{i}. {line}" for i, line in enumerate(summary["diagnosis"], 1)],
             "",
         ]
+    parts += _learned_sections(summary)
     parts += ["## Plots", *[f"![{name}]({name})" for name in plots], ""]
     path.write_text("\n".join(parts))
+
+
+def _learned_sections(summary: dict) -> list[str]:
+    parts: list[str] = []
+    if "learned_model" in summary:
+        parts += ["## Learned cost model", f"- `learned_cost_aware` routed with: {summary['learned_model']}"]
+        a = summary["attribution"]
+        if "learned_gain_p99_s" in a:
+            parts.append(
+                f"- learned gain over cost_aware: P50 {a['learned_gain_p50_s']:+.3f} s, "
+                f"P99 {a['learned_gain_p99_s']:+.3f} s"
+            )
+    if "prediction" in summary:
+        p = summary["prediction"]
+        kinds = list(p["mae_s"])
+        rows = [[term, *(f"{p['mae_s'][k][term]:.4f}" for k in kinds)] for term in p["mae_s"][kinds[0]]]
+        parts += [
+            "",
+            f"Holdout MAE (s) on the last 40 % of this study's {p['holdout_rows']} held-out requests "
+            f"(trained on the first 60 %); 90 % bound coverage {p['coverage_90']:.1%}:",
+            "",
+            markdown_table(["term", *kinds], rows),
+        ]
+    online = summary.get("online")
+    if online:
+        speed = [x for x in online["drift_alerts"] if x["metric"] == "speed_ratio"]
+        parts += [
+            "",
+            f"Online learning: {len(online['retrains'])} retrainings "
+            f"({sum(x['trigger'] == 'drift' for x in online['retrains'])} triggered by drift); "
+            f"{len(online['drift_alerts'])} drift alerts, {len(speed)} straggler (speed) alerts:",
+            *[f"- t = {x['t_s']:.0f} s: {x['message']}" for x in speed],
+        ]
+        if "p99_by_window" in online:
+            w = online["p99_by_window"]
+            names = [k for k in w if k != "window_s"]
+            rows = [
+                [f"{i * w['window_s']:g}–{(i + 1) * w['window_s']:g}", *(_p99(w[n], i) for n in names)]
+                for i in range(max(len(w[n]) for n in names))
+            ]
+            parts += [
+                "",
+                "TTFT P99 (s) per arrival window of replay time:",
+                "",
+                markdown_table(["window (s)", *names], rows),
+            ]
+    return [*parts, ""] if parts else []
+
+
+def _p99(values: list, i: int) -> str:
+    return f"{values[i]:.2f}" if i < len(values) and values[i] is not None else "–"
 
 
 _STYLES = ("-", "--", ":", "-.")

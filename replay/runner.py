@@ -8,6 +8,7 @@ simulation work or output is written.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -18,6 +19,10 @@ import duckdb
 
 from kvcost.data.store import LogStore
 from kvcost.data.traces import Trace, load_trace
+from kvcost.models.mlflow_store import load_model_set
+from kvcost.models.predictors import FeatureSpecMismatch
+from kvcost.models.term_set import TermModelSet
+from kvcost.models.training import prediction_block
 from kvcost.replay.bench import (
     BASELINES,
     KVCOST_POLICIES,
@@ -32,11 +37,14 @@ from kvcost.replay.bench import (
 from kvcost.replay.bench_report import plot_hit_vs_p99, plot_p99_vs_load, write_bench_json, write_bench_md
 from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
 from kvcost.replay.experiment import CONFIGURATIONS, Configuration, configure, replay, study_summary
-from kvcost.replay.metrics import infinite_cache_hit_ratio
+from kvcost.replay.metrics import infinite_cache_hit_ratio, p99_by_window
+from kvcost.replay.online import OnlineSettings
 from kvcost.replay.outputs import log_replay, plot_queues, plot_ttft_cdf, write_report_md
 from kvcost.replay.simulator import ReplayResult
 from kvcost.reporting import write_json
 from kvcost.serving.policies import ROUTER_POLICIES
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,8 +114,34 @@ def prepare(
     return RunSpec(trace, loaded, config, out, db)
 
 
-def execute(spec: RunSpec, arms: Sequence[Configuration], progress: Callable[[int], None] | None = None) -> dict:
+@dataclass(frozen=True)
+class LearnedSetup:
+    """How the ``learned_cost_aware`` arm gets its models.
+
+    Attributes:
+        online: retrain inside the replay (None: use the MLflow champion).
+        mlflow_uri: registry to load the champion from (None: the default under ``runs/``).
+    """
+
+    online: OnlineSettings | None = None
+    mlflow_uri: str | None = None
+
+
+LEARNED_ARM = Configuration("learned_cost_aware", "learned_cost_aware", True)
+
+
+def execute(
+    spec: RunSpec,
+    arms: Sequence[Configuration],
+    progress: Callable[[int], None] | None = None,
+    learned: LearnedSetup | None = None,
+) -> dict:
     """Replay every arm, append the runs to the log, write ``summary.json``, ``report.md`` and plots.
+
+    With ``learned``, the ``learned_cost_aware`` arm routes with the MLflow
+    champion (or retrains online), and the summary gains a ``prediction`` block:
+    LightGBM trained on the first 60 % of this study's logged requests, against
+    the analytic model, on the last 40 %.
 
     The log is opened first (so a locked or foreign database fails before any
     simulation) and holds the lock until the rows are written. ``summary.json``
@@ -120,18 +154,44 @@ def execute(spec: RunSpec, arms: Sequence[Configuration], progress: Callable[[in
     Raises:
         ValueError: the log cannot be opened or the output folder cannot be created.
     """
+    cost_model, model_note = _learned_model(learned) if learned is not None else (None, None)
+    online = learned.online if learned is not None else None
     with _open_store(spec.db) as store:
         _make_out(spec.out)
-        results = {arm.name: replay(spec.trace, configure(spec.config, arm), progress) for arm in arms}
+        results = {}
+        for arm in arms:
+            is_learned = arm.policy == "learned_cost_aware"
+            config = configure(spec.config, arm)
+            results[arm.name] = replay(
+                spec.trace, config, progress, cost_model if is_learned else None, online if is_learned else None
+            )
         run_ids = _log(store, spec, arms, results)
     summary = {**_study_header(spec), **study_summary(results, spec.config.workers)}
+    if learned is not None:
+        summary["learned_model"] = model_note
+        summary["prediction"] = prediction_block(spec.db, list(run_ids.values()))
+    if online is not None and "online" in summary:
+        summary["online"]["p99_by_window"] = p99_by_window(results, online.retrain_every_s)
     _write_files(spec, summary, results, run_ids)
     return summary
 
 
-def experiment_arms() -> list[Configuration]:
-    """The three configurations of the experiment (DESIGN.md §4)."""
-    return list(CONFIGURATIONS)
+def _learned_model(learned: LearnedSetup) -> tuple[TermModelSet | None, str]:
+    """The champion (or None for online learning / fallback) and a sentence saying which."""
+    if learned.online is not None:
+        return None, f"online: analytic at start, LightGBM retrained every {learned.online.retrain_every_s:g} s"
+    try:
+        model_set = load_model_set(learned.mlflow_uri)
+    except (LookupError, FeatureSpecMismatch) as exc:
+        _log.warning("learned_cost_aware falls back to the analytic model: %s", exc)
+        return None, f"fallback to analytic: {str(exc).splitlines()[0]}"
+    meta = model_set.metadata
+    return model_set, f"MLflow champion: {meta.get('predictor')} terms trained on {meta.get('rows')} rows"
+
+
+def experiment_arms(learned: bool = False) -> list[Configuration]:
+    """The three configurations of the experiment (DESIGN.md §4), plus ``learned_cost_aware`` if asked."""
+    return [*CONFIGURATIONS, LEARNED_ARM] if learned else list(CONFIGURATIONS)
 
 
 def _open_store(db: Path) -> LogStore:
