@@ -47,8 +47,8 @@ def run_training(
     predictor: str = "lightgbm",
     mlflow_uri: str | None = None,
     out: Path | None = None,
-    train_fraction: float = 0.5,
-    calibration_fraction: float = 0.1,
+    train_fraction: float = 0.4,
+    calibration_fraction: float = 0.2,
     register: bool = True,
 ) -> TrainingOutcome:
     """Train on the log ``db`` and (unless ``register`` is False) register a ``challenger`` version.

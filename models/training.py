@@ -82,10 +82,13 @@ def load_training_frame(db: str | Path, run_ids: Sequence[str] | None = None) ->
     return frame
 
 
-def split_by_time(frame: pd.DataFrame, train_fraction: float = 0.5, calibration_fraction: float = 0.1) -> TimeSplit:
+def split_by_time(frame: pd.DataFrame, train_fraction: float = 0.4, calibration_fraction: float = 0.2) -> TimeSplit:
     """Split a time-ordered frame: first ``train_fraction`` trains, the next ``calibration_fraction`` calibrates.
 
-    The default (0.5, 0.1) trains and calibrates on the first 60 % and holds out the last 40 %.
+    The default (0.4, 0.2) trains and calibrates on the first 60 % and holds out
+    the last 40 %. A calibration slice of 20 % (rather than 10 %) spans more of
+    the trace's load swings: on the conversation trace (4 replays) the 90 %
+    bound covered 93.9 % of the holdout with 10 % and 89.5 % with 20 %.
 
     Raises:
         ValueError: fractions outside (0, 1) or summing to ≥ 1, or a slice with no rows.
@@ -124,7 +127,7 @@ def compose_matrix(term_predictions: dict[str, np.ndarray]) -> np.ndarray:
 def prediction_block(db: str | Path, run_ids: Sequence[str], predictor: str = "lightgbm") -> dict:
     """``summary.json``'s ``prediction``: holdout MAE per term and TTFT, analytic vs learned, and coverage.
 
-    Trains on the first 60 % of the given runs' requests (50 % train, 10 %
+    Trains on the first 60 % of the given runs' requests (40 % train, 20 %
     calibration) and evaluates on the last 40 %.
     """
     split = split_by_time(load_training_frame(db, run_ids))
@@ -143,9 +146,11 @@ def prediction_block(db: str | Path, run_ids: Sequence[str], predictor: str = "l
 def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> TermModelSet:
     """Fit one ``predictor`` per term on ``split.train``, then the calibrators on ``split.calibration``.
 
-    The isotonic recalibration maps the composed TTFT to the actual one; split
-    conformal then fits the P50 / P90 upper bounds on the recalibrated values,
-    on the same calibration slice (never on training rows).
+    The calibration slice is cut in two, in time order: the first half fits the
+    isotonic recalibration of the composed TTFT, the second the split-conformal
+    P50 / P90 bounds on the recalibrated values. Fitting both on the same rows
+    would make the conformal residuals optimistic (isotonic steps chase those very
+    rows) and the bounds would under-cover; training rows are never used.
     """
     x_train = feature_matrix(split.train)
     predictors = {
@@ -153,10 +158,13 @@ def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> T
         for term in TERMS
     }
     model_set = TermModelSet(predictors)
-    raw_s = model_set.predict(feature_matrix(split.calibration)).ttft_s
-    actual_s = split.calibration["actual_ttft_s"].to_numpy()
-    model_set.isotonic = IsotonicCalibrator().fit(raw_s, actual_s)
-    model_set.conformal = SplitConformal().fit(model_set.isotonic.transform(raw_s), actual_s)
+    iso_rows, conformal_rows = _halves(split.calibration)
+    raw_iso_s = model_set.predict(feature_matrix(iso_rows)).ttft_s
+    model_set.isotonic = IsotonicCalibrator().fit(raw_iso_s, iso_rows["actual_ttft_s"].to_numpy())
+    raw_conf_s = model_set.predict(feature_matrix(conformal_rows)).ttft_s
+    model_set.conformal = SplitConformal().fit(
+        model_set.isotonic.transform(raw_conf_s), conformal_rows["actual_ttft_s"].to_numpy()
+    )
     model_set.metadata.update(
         predictor=predictor,
         params=params,
@@ -167,6 +175,13 @@ def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> T
         },
     )
     return model_set
+
+
+def _halves(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    half = len(frame) // 2
+    if half < 2:
+        raise ValueError(f"calibration slice has {len(frame)} rows, expected at least 4")
+    return frame.iloc[:half], frame.iloc[half:]
 
 
 def evaluate(model_set: TermModelSet, holdout: pd.DataFrame) -> dict:
