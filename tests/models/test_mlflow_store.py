@@ -1,0 +1,62 @@
+"""MLflow round trip in a temporary store: register, load by alias, promotion gate, forced promotion, fallback."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
+from kvcost.models import mlflow_store
+from kvcost.models.composition import TERMS
+from kvcost.models.training import evaluate, feature_matrix, split_by_time, train_term_set
+
+pytestmark = pytest.mark.slow
+
+
+def _frame(n=1200, seed=0):
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, len(FEATURE_NAMES)))
+    x[:, FEATURE_INDEX["nominal_queue_s"]] = rng.uniform(0, 2, n)
+    frame = pd.DataFrame(x, columns=list(FEATURE_NAMES))
+    for term in TERMS:
+        frame[f"actual_{term}_s"] = 0.0
+    frame["actual_queue_s"] = 2 * frame["nominal_queue_s"] + rng.uniform(0, 0.05, n)
+    frame["actual_ttft_s"] = frame["actual_queue_s"]
+    frame["arrival_s"] = np.arange(n, dtype=float)
+    return frame
+
+
+@pytest.fixture
+def store(tmp_path):
+    return f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "artifacts"
+
+
+def _register(store, rounds):
+    uri, root = store
+    split = split_by_time(_frame())
+    model_set = train_term_set(split, "lightgbm", num_boost_round=rounds)
+    ev = evaluate(model_set, split.holdout)
+    return model_set, split, mlflow_store.log_and_register(model_set, ev, split.holdout, {"test": True}, uri, root)
+
+
+def test_round_trip_gate_and_force(store):
+    uri, _ = store
+    with pytest.raises(LookupError, match="no kvcost-terms version with alias 'champion'"):
+        mlflow_store.load_model_set(uri)  # empty registry: the router falls back to analytic
+    model_set, split, first = _register(store, rounds=50)
+    assert first.version == "1"
+    loaded = mlflow_store.load_model_set(uri, alias="challenger")
+    x = feature_matrix(split.holdout)
+    assert np.array_equal(loaded.predict(x).ttft_s, model_set.predict(x).ttft_s)
+    assert mlflow_store.promote(uri).promoted  # no champion yet: the first challenger passes
+
+    _register(store, rounds=1)  # worse: one boosting round underfits the same data
+    refused = mlflow_store.promote(uri)
+    assert not refused.promoted and refused.version == "2"
+    assert refused.challenger["ttft_mae_s"] > refused.champion["ttft_mae_s"]
+    assert refused.message == "version 2 refused: worse than champion"
+    with pytest.raises(ValueError, match="needs a reason"):
+        mlflow_store.promote(uri, force=True)
+    forced = mlflow_store.promote(uri, force=True, reason="testing the override")
+    assert forced.promoted and forced.message == "version 2 promoted by force: testing the override"
+    versions = {v["version"]: v["aliases"] for v in mlflow_store.list_versions(uri)}
+    assert versions == {"2": ["challenger", "champion"], "1": []}

@@ -1,0 +1,56 @@
+import numpy as np
+import pytest
+
+from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
+from kvcost.replay.online import OnlineLearner, OnlineSettings, observations_frame
+
+
+def _observations(n, t0=0.0, slow_worker=None):
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        features = np.zeros(len(FEATURE_NAMES))
+        features[FEATURE_INDEX["nominal_prefill_s"]] = prefill = rng.uniform(0.5, 1.0)
+        worker = i % 4
+        actual_prefill = prefill * (2.0 if worker == slow_worker else 1.0)
+        actual = (0.0, 0.0, 0.0, actual_prefill, 0.0, actual_prefill)
+        predicted = np.array([0.0, 0.0, 0.0, prefill, 0.0, prefill])
+        out.append((features, actual, t0 + i, worker, predicted, np.nan, t0 + i))
+    return out
+
+
+def test_schedule_and_minimum_rows():
+    learner = OnlineLearner(OnlineSettings(retrain_every_s=100, min_rows=50))
+    assert learner.maybe_retrain(_observations(40), now_s=150) is None  # too few rows
+    model_set = learner.maybe_retrain(_observations(60), now_s=150)
+    assert model_set is not None and model_set.learned
+    assert learner.retrains == [{"t_s": 150, "rows": 60, "trigger": "schedule"}]
+    assert learner.maybe_retrain(_observations(80), now_s=200) is None  # next at 250
+    assert learner.next_retrain_s == 250
+
+
+def test_straggler_alert_triggers_an_early_retrain():
+    learner = OnlineLearner(OnlineSettings(retrain_every_s=1000, min_rows=50, min_drift_interval_s=10))
+    healthy = _observations(400)
+    learner.observe(healthy, now_s=400)
+    assert learner.maybe_retrain(healthy, now_s=1000) is not None  # first, scheduled
+    drifted = healthy + _observations(400, t0=1000, slow_worker=2)
+    learner.observe(drifted, now_s=1400)
+    speed = [a for a in learner.alerts if a["metric"] == "speed_ratio"]
+    assert [a["worker_id"] for a in speed] == [2]
+    assert learner.maybe_retrain(drifted, now_s=1400) is not None
+    assert learner.retrains[-1]["trigger"] == "drift"
+
+
+def test_observations_frame_columns():
+    frame = observations_frame(_observations(3))
+    assert list(frame.columns[: len(FEATURE_NAMES)]) == list(FEATURE_NAMES)
+    assert frame["actual_prefill_s"].tolist() == pytest.approx(frame["nominal_prefill_s"].tolist())
+    assert frame["worker_id"].tolist() == [0, 1, 2]
+
+
+def test_settings_validation():
+    with pytest.raises(ValueError, match="retrain_every_s = 0, expected a number > 0"):
+        OnlineSettings(retrain_every_s=0)
+    with pytest.raises(ValueError, match="min_rows = 5"):
+        OnlineSettings(min_rows=5)
