@@ -287,6 +287,25 @@ def train(
     console.print(f"report: {Path(outcome.report['out']) / 'training.md'}")
 
 
+@app.command()
+def retrain(
+    every_s: Annotated[float, typer.Option(help="Seconds between retraining rounds (wall clock).")],
+    db: DbOpt = Path("runs/kvcost.duckdb"),
+    iterations: Annotated[
+        int | None, typer.Option(min=1, help="Stop after this many rounds (default: run on).")
+    ] = None,
+    mlflow_uri: MlflowOpt = None,
+) -> None:
+    """Scheduled retraining: every S seconds train on the log, register a challenger, promote through the gate."""
+    from kvcost.models.train_job import retrain_loop
+
+    history = _guard(
+        lambda: retrain_loop(db, every_s=every_s, iterations=iterations, mlflow_uri=mlflow_uri, report=console.print)
+    )
+    promoted = sum(r["promoted"] for r in history)
+    console.print(f"{len(history)} round(s), {promoted} promotion(s)")
+
+
 models_app = typer.Typer(no_args_is_help=True, help="Review the kvcost-terms versions in the MLflow registry.")
 app.add_typer(models_app, name="models")
 

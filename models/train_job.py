@@ -7,11 +7,13 @@ side by side, coverage, data window, registered version) next to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import duckdb
 import matplotlib
 
 matplotlib.use("Agg")
@@ -167,3 +169,51 @@ def _plot_holdout(model_set: TermModelSet, holdout, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def retrain_loop(
+    db: Path,
+    *,
+    every_s: float,
+    iterations: int | None = None,
+    mlflow_uri: str | None = None,
+    out_root: Path = Path("runs"),
+    sleep: Callable[[float], None] = time.sleep,
+    report: Callable[[str], None] = print,
+) -> list[dict]:
+    """The scheduled retraining job on wall-clock time: train, register a challenger, promote through the gate.
+
+    Each round trains on everything in the log (read-only), registers the new
+    version as ``challenger`` and promotes it to ``champion`` only if it passes
+    :func:`~kvcost.models.mlflow_store.promote`'s gate. A log that cannot be read
+    (missing, or locked by a writing process) is reported and retried next round;
+    nothing stops the loop but ``iterations``. ``sleep`` is injected for tests.
+
+    Returns:
+        One record per round: ``round``, ``version``, ``promoted``, ``message``.
+    """
+    if not every_s > 0:
+        raise ValueError(f"every_s = {every_s}, expected a number > 0")
+    history: list[dict] = []
+    round_no = 0
+    while iterations is None or round_no < iterations:
+        if round_no:
+            sleep(every_s)
+        round_no += 1
+        history.append(_retrain_round(db, round_no, mlflow_uri, out_root / f"retrain-{round_no:04d}", report))
+    return history
+
+
+def _retrain_round(db: Path, round_no: int, mlflow_uri: str | None, out: Path, report: Callable[[str], None]) -> dict:
+    from kvcost.models.mlflow_store import promote
+
+    try:
+        outcome = run_training(db, mlflow_uri=mlflow_uri, out=out)
+    except (FileNotFoundError, ValueError, duckdb.Error) as exc:
+        message = f"round {round_no}: log not readable, retrying next round: {str(exc).splitlines()[0]}"
+        report(message)
+        return {"round": round_no, "version": None, "promoted": False, "message": message}
+    result = promote(mlflow_uri, outcome.version)
+    message = f"round {round_no}: {result.message} (TTFT MAE {result.challenger['ttft_mae_s']:.4f} s)"
+    report(message)
+    return {"round": round_no, "version": outcome.version, "promoted": result.promoted, "message": message}
