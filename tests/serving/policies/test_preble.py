@@ -7,35 +7,15 @@ request routed to an idle GPU therefore adds 1.128008 ms of prefill + 343 × 1.1
 of decode = 388.375 ms of windowed load.
 """
 
-import numpy as np
 import pytest
 
-from kvcost.models.composition import TermPredictions
-from kvcost.serving.directory import Namespace
-from kvcost.serving.policies import ROUTER_POLICIES, PolicyContext
+from kvcost.serving.policies import ROUTER_POLICIES
 from kvcost.serving.policies.preble import DEFAULT_EXPECTED_OUTPUT_TOKENS, PrebleE2Policy
-from kvcost.serving.types import RouteRequest
 
-NS = Namespace("m", block_size_tokens=16)
+from .helpers import context
+
 PROMPT = tuple(range(1, 9))  # 8 blocks, 128 tokens
 LOAD_128_S = 1.128008256e-3 + 343 * 1.129e-3  # one 128-token request routed to an idle GPU
-
-
-def context(step_model, snapshots, hashes, now_s=0.0):
-    """A decision context for a request of ``hashes`` (16 tokens each)."""
-    n = len(snapshots)
-    zeros = np.zeros(n)
-    request = RouteRequest(0, now_s, 16 * len(hashes), tuple(hashes), NS)
-    return PolicyContext(
-        request=request,
-        snapshots=tuple(snapshots),
-        reusable_tokens=np.zeros(n, dtype=np.int64),
-        predictions=TermPredictions(zeros, zeros, zeros, zeros, zeros),
-        load_tokens=zeros,
-        allowed=np.ones(n, dtype=bool),
-        now_s=now_s,
-        step_models={"linear-gpu": step_model},
-    )
 
 
 def unrelated(start):

@@ -1,42 +1,11 @@
 """Tests for kvcost.serving.policies.sglang (the SGLang router ``cache_aware`` baseline)."""
 
-import numpy as np
 import pytest
 
-from kvcost.models.composition import TermPredictions
-from kvcost.serving.directory import Namespace
-from kvcost.serving.policies import ROUTER_POLICIES, PolicyContext, make_policy
+from kvcost.serving.policies import ROUTER_POLICIES, make_policy
 from kvcost.serving.policies.sglang import DEFAULT_MAX_TREE_SIZE_TOKENS, SGLangCacheAwarePolicy
-from kvcost.serving.types import RouteRequest
 
-NS = Namespace("m", block_size_tokens=16)
-
-
-def context(step_model, snapshots, hashes, now_s=0.0, input_tokens=None):
-    """A decision context for a request of ``hashes`` (16 tokens each unless ``input_tokens``)."""
-    n = len(snapshots)
-    zeros = np.zeros(n)
-    request = RouteRequest(0, now_s, input_tokens or 16 * len(hashes), tuple(hashes), NS)
-    return PolicyContext(
-        request=request,
-        snapshots=tuple(snapshots),
-        reusable_tokens=np.zeros(n, dtype=np.int64),
-        predictions=TermPredictions(zeros, zeros, zeros, zeros, zeros),
-        load_tokens=zeros,
-        allowed=np.ones(n, dtype=bool),
-        now_s=now_s,
-        step_models={"linear-gpu": step_model},
-    )
-
-
-@pytest.fixture
-def workers(make_snapshot):
-    """Snapshots of workers 10, 11, ... with the given running requests."""
-
-    def make(*running):
-        return [make_snapshot(10 + i, running_requests=r) for i, r in enumerate(running)]
-
-    return make
+from .helpers import context
 
 
 def test_registered_and_defaults():
