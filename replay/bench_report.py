@@ -118,7 +118,11 @@ def _style(policy: str) -> dict:
 
 
 def plot_p99_vs_load(rows: list[dict], path: Path) -> None:
-    """TTFT P99 (log) against measured utilisation, one line per policy, one panel per size."""
+    """TTFT P99 (log) against the load level (target utilisation), one line per policy, one panel per size.
+
+    The x axis is the offered load (the same arrivals for every policy), not each
+    policy's measured utilisation, which a better policy itself lowers.
+    """
     sizes = sorted({r["workers"] for r in rows})
     fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.6), squeeze=False, sharey=True)
     for ax, workers in zip(axes[0], sizes, strict=True):
@@ -128,7 +132,7 @@ def plot_p99_vs_load(rows: list[dict], path: Path) -> None:
             )
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=policy, **_style(policy))
         ax.set_yscale("log")
-        ax.set_xlabel("measured utilisation")
+        ax.set_xlabel("offered load: target utilisation (%)")
         ax.set_title(f"{workers} workers", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
     axes[0, 0].set_ylabel("TTFT P99 (s, log scale)")
