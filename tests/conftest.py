@@ -3,22 +3,13 @@
 import pytest
 
 from kvcost.data.profiles import OperatorProfile
-from kvcost.models.hardware import GpuSpec, ModelSpec, StepTimeModel
+from kvcost.models.hardware import GpuSpec, StepTimeModel
 from kvcost.serving.types import WorkerSnapshot
+from tests.helpers import UNIT_MODEL
 
 # One layer, one head of dim 1: 4 attention FLOPs per (new, context) token pair and
 # 2 × 1 × 1 × 1 × 2 = 4 KV bytes per token.
-LINEAR_MODEL = ModelSpec(
-    name="linear",
-    num_layers=1,
-    num_q_heads=1,
-    num_kv_heads=1,
-    head_dim=1,
-    hidden_size=1,
-    num_params=1,
-    dtype_bytes=2,
-    profile_dir="none",
-)
+LINEAR_MODEL = UNIT_MODEL
 # 4e12 FLOP/s → 1e-12 s per token pair; 4e6 B/s → 1e-6 s per decode context token.
 LINEAR_GPU = GpuSpec(name="linear-gpu", memory_bytes=2**30, peak_dense_bf16_flops=4e12, hbm_bytes_per_s=4e6)
 # Non-attention time is exactly 1 µs per batch token (linear through both points).

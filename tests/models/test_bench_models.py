@@ -56,5 +56,7 @@ def test_scoring_latency_32_candidates():
         model_set.calibrate(model_set.predict(x))
         times[i] = time.perf_counter() - t0
     p50, p99 = np.quantile(times, [0.5, 0.99]) * 1e3
-    print(f"\nbench: score 32 candidates × 5 terms + calibration: P50 {p50:.3f} ms, P99 {p99:.3f} ms (target P99 < 1 ms)")
+    print(
+        f"\nbench: score 32 candidates × 5 terms + calibration: P50 {p50:.3f} ms, P99 {p99:.3f} ms (target P99 < 1 ms)"
+    )
     assert p99 < 1.0

@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvcost.data.profiles import OperatorProfile
 from kvcost.data.traces import Trace, TraceRequest
-from kvcost.models.hardware import GpuSpec, ModelSpec, StepTimeModel
+from kvcost.models.hardware import GpuSpec, StepTimeModel
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 from kvcost.serving.router import RouterSettings
+from tests.helpers import MS_PER_TOKEN_PROFILE, UNIT_MODEL
 
 BLOCK = 16
 TERM_COLUMNS = ["actual_queue_s", "actual_lookup_s", "actual_transfer_s", "actual_prefill_s", "actual_first_token_s"]
@@ -77,21 +77,8 @@ def test_trace_block_size_must_match():
 
 
 # -- exact times with a hand-made step model ------------------------------------------------
-UNIT_MODEL = ModelSpec(
-    name="unit",
-    num_layers=1,
-    num_q_heads=1,
-    num_kv_heads=1,
-    head_dim=1,
-    hidden_size=1,
-    num_params=1,
-    dtype_bytes=2,
-    profile_dir="none",
-)
 UNIT_GPU = GpuSpec(name="a100", memory_bytes=2**30, peak_dense_bf16_flops=4e6, hbm_bytes_per_s=4e5)
-UNIT_PROFILE = OperatorProfile(
-    num_tokens=[1, 100], per_layer_s=[1e-3, 0.1], once_s=[0.0, 0.0], source="hand-made 1 ms per token"
-)
+UNIT_PROFILE = MS_PER_TOKEN_PROFILE
 
 
 def test_exact_terms_with_a_hand_made_step_model(monkeypatch):

@@ -14,31 +14,16 @@ from collections import deque
 
 import pytest
 
-from kvcost.data.profiles import OperatorProfile
 from kvcost.features.nominal import NominalCosts
-from kvcost.models.hardware import GpuSpec, ModelSpec, StepTimeModel
+from kvcost.models.hardware import GpuSpec, StepTimeModel
 from kvcost.replay.kv_cache import BlockPool
 from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
+from tests.helpers import MS_PER_TOKEN_PROFILE, UNIT_MODEL
 
 BLOCK = 10
-# 1 layer × 1 head × head_dim 1: 4 attention FLOPs per token pair, 4 KV bytes per token
-UNIT_MODEL = ModelSpec(
-    name="unit",
-    num_layers=1,
-    num_q_heads=1,
-    num_kv_heads=1,
-    head_dim=1,
-    hidden_size=1,
-    num_params=1,
-    dtype_bytes=2,
-    profile_dir="none",
-)
 # 4e6 FLOP/s → 1 µs per token pair; 4e5 B/s → 10 µs per decode context token
 UNIT_GPU = GpuSpec(name="unit-gpu", memory_bytes=2**30, peak_dense_bf16_flops=4e6, hbm_bytes_per_s=4e5)
-# 1 ms per batch token, linear through both points
-UNIT_PROFILE = OperatorProfile(
-    num_tokens=[1, 100], per_layer_s=[1e-3, 0.1], once_s=[0.0, 0.0], source="hand-made 1 ms per token"
-)
+UNIT_PROFILE = MS_PER_TOKEN_PROFILE
 COSTS = NominalCosts(lookup_base_s=0.01, lookup_per_block_s=0.001, first_token_s=0.005)
 
 
