@@ -97,6 +97,8 @@ class ClusterSimulator:
             for gpu in sorted(set(config.fleet))
         }
         self.directory = CacheDirectory()
+        if online is not None and cost_model is None:
+            cost_model = TermModelSet.analytic()  # online learning starts analytic by design: no fallback warning
         self.router = Router(self.directory, self.step_models, config.router, cost_model)
         self.online = OnlineLearner(online) if online is not None else None
         self.workers = [self._make_worker(i, gpu) for i, gpu in enumerate(config.fleet)]
