@@ -296,7 +296,11 @@ def retrain(
     ] = None,
     mlflow_uri: MlflowOpt = None,
 ) -> None:
-    """Scheduled retraining: every S seconds train on the log, register a challenger, promote through the gate."""
+    """Scheduled retraining: every S seconds train on the log, register a challenger, promote through the gate.
+
+    ``--db`` is the DuckDB log, or — while another process writes it — the folder of
+    closed Parquet segments its writer rolls (``runs/kvcost-segments`` for ``runs/kvcost.duckdb``).
+    """
     from kvcost.models.train_job import retrain_loop
 
     history = _guard(

@@ -23,6 +23,7 @@ import pandas as pd
 
 from kvcost.calibration.conformal import SplitConformal
 from kvcost.calibration.isotonic import IsotonicCalibrator
+from kvcost.data.segments import connect_segments
 from kvcost.features.spec import FEATURE_NAMES, feature_spec_hash
 from kvcost.models.composition import TERMS, compose_ttft_s
 from kvcost.models.predictors import make_term_predictor
@@ -46,7 +47,9 @@ def load_training_frame(db: str | Path, run_ids: Sequence[str] | None = None) ->
     """Chosen candidates joined with their requests' actual terms, ordered by (arrival, run, request).
 
     Args:
-        db: DuckDB log path (opened read-only).
+        db: DuckDB log path (opened read-only), or a folder of closed Parquet
+            segments rolled by the writer (:mod:`kvcost.data.segments`), which can
+            be read while another process holds the log open for writing.
         run_ids: restrict to these runs; None = every run in the log.
 
     Returns:
@@ -72,7 +75,8 @@ def load_training_frame(db: str | Path, run_ids: Sequence[str] | None = None) ->
         WHERE {where}
         ORDER BY r.arrival_s, c.run_id, c.request_id
     """
-    with duckdb.connect(str(db), read_only=True) as con:
+    connect = connect_segments if Path(db).is_dir() else (lambda p: duckdb.connect(str(p), read_only=True))
+    with connect(db) as con:
         frame = con.execute(sql, params).df()
     if frame.empty:
         runs = f"runs {list(run_ids)}" if run_ids else "any run"

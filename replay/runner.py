@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 
+from kvcost.data.segments import roll_segments, segments_dir_for
 from kvcost.data.store import LogStore
 from kvcost.data.traces import Trace, load_trace
 from kvcost.models.mlflow_store import load_model_set
@@ -215,6 +216,7 @@ def _log(store: LogStore, spec: RunSpec, arms: Sequence[Configuration], results:
     for arm in arms:
         params = {**_study_header(spec), "config": asdict(configure(spec.config, arm)), "out": str(spec.out)}
         log_replay(store, run_ids[arm.name], arm.name, spec.trace_arg, params, started, results[arm.name])
+    roll_segments(store, segments_dir_for(spec.db))
     return run_ids
 
 
