@@ -369,6 +369,64 @@ def _fmt(value, pattern: str) -> str:
     return "–" if value is None else pattern.format(value)
 
 
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on; non-loopback needs --token-file or --insecure.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8000,
+    db: DbOpt = Path("runs/kvcost.duckdb"),
+    mlflow_uri: MlflowOpt = None,
+    analytic_only: Annotated[
+        bool, typer.Option(help="Score with the analytic model; do not contact the model registry.")
+    ] = False,
+    token_file: Annotated[
+        Path | None, typer.Option(help="File holding the bearer token required by the write endpoints.")
+    ] = None,
+    insecure: Annotated[bool, typer.Option(help="Allow a non-loopback --host without a token.")] = False,
+    policy: Annotated[str, typer.Option(help="Router policy of /v1/route.")] = "learned_cost_aware",
+    model: ModelOpt = "llama-3-8b",
+    gpu: Annotated[str, typer.Option(help="GPU type of a worker snapshot that names none.")] = "a100",
+    block_size_tokens: Annotated[int, typer.Option(help="KV block size of a request namespace without one.")] = 512,
+    max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies are refused with 413.")] = 16 * 2**20,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the scoring API (POST /v1/score, /v1/route, /v1/observe …) on uvicorn until interrupted."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from kvcost.models.mlflow_store import DEFAULT_TRACKING_URI
+    from kvcost.serving.api import create_app
+    from kvcost.serving.service import ServiceSettings
+
+    def build():
+        try:
+            settings = ServiceSettings(
+                db_path=db,
+                mlflow_uri=None if analytic_only else (mlflow_uri or DEFAULT_TRACKING_URI),
+                token_file=token_file,
+                host=host,
+                port=port,
+                insecure=insecure,
+                model=model,
+                gpu_default=gpu,
+                block_size_tokens=block_size_tokens,
+                policy=policy,
+                max_body_bytes=max_body_bytes,
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            raise ValueError(f"{where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}") from None
+        return settings, create_app(settings)
+
+    settings, api = _guard(build)
+    registry = settings.mlflow_uri or "none (analytic model)"
+    auth = "bearer token required on write endpoints" if token_file else "no token"
+    console.print(f"kvcost serve on http://{host}:{port} — log {db}, registry {registry}, policy {policy}, {auth}")
+    uvicorn.run(api, host=host, port=port, log_level=log_level)
+
+
 def _prepare(options: dict) -> RunSpec:
     """Map CLI option names onto :func:`kvcost.replay.runner.prepare`."""
     options = dict(options)

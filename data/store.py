@@ -21,13 +21,17 @@ DataFrame, never row at a time.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 
 import duckdb
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from kvcost.features.spec import FEATURE_SPEC, feature_spec_hash
 from kvcost.models.composition import TERMS
@@ -190,3 +194,63 @@ class LogStore:
         finally:
             con.unregister("_kvcost_batch")
         return len(batch)
+
+    def append_columns(self, table: str, columns: Mapping[str, Sequence | np.ndarray]) -> int:
+        """Append rows given column by column, ``run_id`` included (rows may belong to several runs).
+
+        One ``INSERT … SELECT`` from an Arrow table typed by :data:`SCHEMA`
+        (``None`` is NULL). Used by the scoring service's log writer, which
+        batches many decisions and observations into one transaction.
+
+        Returns:
+            Rows written.
+
+        Raises:
+            KeyError: unknown table.
+            ValueError: a column is missing or unexpected, or the columns differ in length.
+        """
+        if table not in SCHEMA:
+            raise KeyError(f"unknown table {table!r}; expected one of {', '.join(SCHEMA)}")
+        names = [c.name for c in SCHEMA[table]]
+        missing = [n for n in names if n not in columns]
+        extra = [n for n in columns if n not in names]
+        if missing or extra:
+            raise ValueError(f"columns for {table}: missing {missing}, unexpected {extra}")
+        lengths = {len(columns[n]) for n in names}
+        if len(lengths) > 1:
+            raise ValueError(f"columns for {table} differ in length: {sorted(lengths)}")
+        arrow = pa.table({c.name: pa.array(columns[c.name], type=_ARROW_TYPES[c.sql_type]) for c in SCHEMA[table]})
+        con = self.connection
+        con.register("_kvcost_columns", arrow)
+        try:
+            cols = ", ".join(names)
+            con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _kvcost_columns")
+        finally:
+            con.unregister("_kvcost_columns")
+        return arrow.num_rows
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """``BEGIN`` … ``COMMIT`` (``ROLLBACK`` and re-raise on error); the commit is durable when it returns.
+
+        DuckDB syncs its write-ahead log on commit (``fdatasync``), so rows
+        committed here survive a crash of the process or of the machine.
+        """
+        con = self.connection
+        con.begin()
+        try:
+            yield con
+        except BaseException:
+            con.rollback()
+            raise
+        con.commit()
+
+
+#: Arrow type of each DuckDB column type used in :data:`SCHEMA`.
+_ARROW_TYPES = {
+    "VARCHAR": pa.string(),
+    "BIGINT": pa.int64(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "TIMESTAMP": pa.timestamp("us"),
+}

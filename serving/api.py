@@ -1,0 +1,323 @@
+"""The scoring API (FastAPI): :func:`create_app` builds one app around one :class:`ScoringService`.
+
+=========================================  =====  ==================================================
+route                                      token  does
+=========================================  =====  ==================================================
+``POST /v1/score``                                per-candidate terms, TTFT, P50/P90, reuse, score
+``POST /v1/route``                         yes    like score, plus the chosen worker; recorded
+``POST /v1/observe``                       yes    actual times by request id → ``requests``
+``POST /v1/workers/{worker_id}/snapshot``  yes    a worker's load snapshot
+``GET /v1/models``                                serving model, registry versions, spec hash
+``POST /v1/models/reload``                 yes    load the champion again
+``GET /healthz``                                  liveness
+``GET /readyz``                                   200 ready / degraded; 503 starting / unavailable
+``GET /metrics``                                  Prometheus text format
+=========================================  =====  ==================================================
+
+"token: yes" endpoints need ``Authorization: Bearer <token>`` when the
+settings name a token file (compared in constant time); 401 otherwise.
+Errors: 422 with ``detail[].loc`` naming the field (and a one-line
+``message``), 413 for a body over ``max_body_bytes`` (by ``Content-Length``
+or as streamed), 404 for an unknown request id, 409 for a request id routed
+twice, 503 when the log cannot commit an observation.
+
+``/readyz`` answers 200 ``degraded`` (not 503) when the champion could not be
+loaded: scoring continues on the analytic model, and a 503 would make a load
+balancer drop every replica exactly when the registry is down, which the
+fallback exists to survive. The body says why; ``kvcost_model_degraded`` is 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kvcost.serving.schemas import (
+    MAX_ID,
+    HealthResponse,
+    ModelsResponse,
+    ModelStatusOut,
+    ObservationIn,
+    ObservationResponse,
+    ReadinessResponse,
+    RouteResponse,
+    ScoreRequestIn,
+    ScoreResponse,
+    SnapshotAck,
+    SnapshotIn,
+)
+from kvcost.serving.service import (
+    ConflictError,
+    FieldError,
+    LogUnavailableError,
+    ScoringService,
+    ServiceSettings,
+    UnknownRequestError,
+    read_token,
+)
+
+API_VERSION = "1"
+
+
+class BodySizeLimitMiddleware:
+    """Refuse request bodies over ``max_body_bytes`` with 413: by ``Content-Length`` up front, else as streamed.
+
+    A chunked body is counted as it is received; the first chunk past the
+    limit raises a 413 ``HTTPException`` inside the route's body read, which
+    FastAPI passes through to its exception handler. Pure ASGI (no buffering).
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            try:
+                length = int(declared)
+            except ValueError:
+                await _plain(send, 400, "invalid Content-Length header")
+                return
+            if length > self.max_body_bytes:
+                await _plain(send, 413, self._message())
+                return
+        received = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise HTTPException(413, self._message())
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except HTTPException as exc:  # raised outside a route's body read
+            if exc.status_code != 413 or started:
+                raise
+            await _plain(send, 413, self._message())
+
+    def _message(self) -> str:
+        return f"request body larger than {self.max_body_bytes} bytes"
+
+
+async def _plain(send: Send, status: int, detail: str) -> None:
+    body = JSONResponse({"detail": detail}).body
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# --------------------------------------------------------------------- dependencies
+
+
+# dependencies are async: FastAPI would run a plain function in a worker thread, a hop per request
+
+
+async def get_service(request: Request) -> ScoringService:
+    """The app's service."""
+    return request.app.state.service
+
+
+ServiceDep = Annotated[ScoringService, Depends(get_service)]
+_bearer = HTTPBearer(auto_error=False, description="the token in --token-file (write endpoints)")
+
+
+async def require_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """401 unless the bearer token matches the configured one (constant-time); no-op without a token file."""
+    expected: str | None = request.app.state.token
+    if expected is None:
+        return
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+WriteAuth = [Depends(require_token)]
+_ERRORS = {
+    401: {"description": "missing or wrong bearer token"},
+    413: {"description": "body too large"},
+    422: {"description": "invalid input; detail[].loc names the field"},
+}
+
+# --------------------------------------------------------------------------- routes
+
+
+def _json(model: BaseModel) -> Response:
+    """``model`` as JSON. The hot routes return it this way: FastAPI would validate the model a second time."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+scoring = APIRouter(prefix="/v1", tags=["scoring"])
+
+
+@scoring.post("/score", response_model=ScoreResponse, responses={413: _ERRORS[413], 422: _ERRORS[422]})
+async def score(body: ScoreRequestIn, service: ServiceDep) -> Response:
+    """Score every candidate: predicted terms, composed and calibrated TTFT, reuse; no routing side effects."""
+    return _json(service.score(body))
+
+
+@scoring.post("/route", response_model=RouteResponse, dependencies=WriteAuth, responses={**_ERRORS, 409: {}})
+async def route(body: ScoreRequestIn, service: ServiceDep) -> Response:
+    """Choose a worker; record the decision (features and predictions) for ``/v1/observe``."""
+    return _json(service.route(body))
+
+
+observations = APIRouter(prefix="/v1", tags=["observations"])
+
+
+@observations.post(
+    "/observe", response_model=ObservationResponse, dependencies=WriteAuth, responses={**_ERRORS, 404: {}, 503: {}}
+)
+async def observe(body: ObservationIn, service: ServiceDep) -> ObservationResponse:
+    """Record a routed request's actual times; durable when answered; a repeated id answers ``duplicate``."""
+    return await service.observe(body)
+
+
+workers = APIRouter(prefix="/v1/workers", tags=["workers"])
+
+
+@workers.post("/{worker_id}/snapshot", response_model=SnapshotAck, dependencies=WriteAuth, responses=_ERRORS)
+async def push_snapshot(
+    worker_id: Annotated[int, Path(ge=0, le=MAX_ID)], body: SnapshotIn, service: ServiceDep
+) -> SnapshotAck:
+    """Store the worker's load snapshot, used for candidates that carry none inline."""
+    return service.push_snapshot(worker_id, body)
+
+
+models = APIRouter(prefix="/v1/models", tags=["models"])
+
+
+@models.get("", response_model=ModelsResponse)
+async def list_models(service: ServiceDep) -> ModelsResponse:
+    """The serving model, the registry's versions (champion, challenger …) and the feature-spec hash."""
+    return await service.models_info()
+
+
+@models.post("/reload", response_model=ModelStatusOut, dependencies=WriteAuth, responses={401: _ERRORS[401]})
+async def reload_models(service: ServiceDep) -> ModelStatusOut:
+    """Load the champion again (after a promotion, or to retry after a failure)."""
+    await service.load_model()
+    return service.model_status_out()
+
+
+health = APIRouter(tags=["health"])
+
+
+@health.get("/healthz", response_model=HealthResponse)
+async def healthz() -> HealthResponse:
+    """Liveness: the process answers."""
+    return HealthResponse(status="ok")
+
+
+@health.get("/readyz", response_model=ReadinessResponse, responses={503: {"model": ReadinessResponse}})
+async def readyz(service: ServiceDep) -> JSONResponse:
+    """200 ``ready`` or ``degraded`` (analytic fallback; the reason says why), 503 ``starting`` / ``unavailable``."""
+    status, reason = service.readiness()
+    body = ReadinessResponse(status=status, reason=reason, model=service.model_status.label)
+    return JSONResponse(body.model_dump(), status_code=200 if status in ("ready", "degraded") else 503)
+
+
+@health.get("/metrics", response_class=Response)
+async def metrics(service: ServiceDep) -> Response:
+    """Prometheus metrics of this service instance."""
+    return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+# ---------------------------------------------------------------------- error shape
+
+
+def _message(loc: list, msg: str) -> str:
+    path = ".".join(str(p) for p in (loc[1:] if loc and loc[0] == "body" else loc))
+    return f"{path}: {msg}" if path else msg
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # the input is not echoed back: a 1M-token body would come back whole
+    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
+    message = _message(errors[0]["loc"], errors[0]["msg"]) if errors else "invalid request"
+    return JSONResponse({"detail": errors, "message": message}, status_code=422)
+
+
+async def _field_error(request: Request, exc: FieldError) -> JSONResponse:
+    loc = ["body", *exc.loc]
+    detail = [{"loc": loc, "msg": exc.message, "type": "value_error"}]
+    return JSONResponse({"detail": detail, "message": _message(loc, exc.message)}, status_code=422)
+
+
+def _status_handler(status: int):
+    async def handler(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status)
+
+    return handler
+
+
+# -------------------------------------------------------------------------- factory
+
+
+def create_app(settings: ServiceSettings, service: ScoringService | None = None) -> FastAPI:
+    """Build the API around a :class:`ScoringService` (default: one built from ``settings``).
+
+    Pure apart from reading the token file: the log opens and the champion
+    loads in the app's lifespan (uvicorn startup, or entering a TestClient).
+
+    Raises:
+        FileNotFoundError, ValueError: the token file is missing or empty.
+    """
+    token = read_token(settings.token_file) if settings.token_file is not None else None
+    service = service if service is not None else ScoringService(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        loading = asyncio.create_task(service.load_model())
+        try:
+            yield
+        finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await loading
+            service.stop()
+
+    app = FastAPI(
+        title="kvcost scoring API",
+        version=API_VERSION,
+        summary="Per-candidate TTFT terms, cache-aware routing decisions, and their logged outcomes.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.token = token
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(FieldError, _field_error)
+    app.add_exception_handler(UnknownRequestError, _status_handler(404))
+    app.add_exception_handler(ConflictError, _status_handler(409))
+    app.add_exception_handler(LogUnavailableError, _status_handler(503))
+    for router in (scoring, observations, workers, models, health):
+        app.include_router(router)
+    return app

@@ -1,0 +1,144 @@
+"""Block hashes of token ids, as vLLM's prefix cache computes them with ``sha256_cbor`` (DESIGN.md §2, §7).
+
+The scheme (vLLM ``vllm/v1/core/kv_cache_utils.py``: ``init_none_hash``,
+``hash_block_tokens``, ``generate_block_hash_extra_keys``,
+``maybe_convert_block_hash``; ``vllm/utils/hashing.py``: ``sha256_cbor``), as in
+vLLM since PR #23673 made a block hash the 32-byte digest itself (the releases from
+0.10.2 on; checked against ``main``'s source and the 0.10.2 – 0.20 API docs):
+
+- ``sha256_cbor(x) = SHA-256(cbor2.dumps(x, canonical=True))`` (RFC 8949 CBOR;
+  Python tuples and lists are CBOR arrays, ``None`` is ``0xf6``).
+- ``NONE_HASH = sha256_cbor(seed)``, where ``seed`` is the *string* value of the
+  engine's ``PYTHONHASHSEED`` environment variable. Without ``PYTHONHASHSEED``,
+  vLLM draws ``NONE_HASH`` from ``os.urandom(32)`` and no one outside that engine
+  process can reproduce its hashes.
+- block ``i`` (full blocks only; a trailing partial block is never hashed)::
+
+      d_i = sha256_cbor((d_{i-1} or NONE_HASH, tuple(tokens_i), extra_keys_i))
+
+  with ``extra_keys_i = tuple(lora_keys + mm_keys + salt_keys + embeds_keys)`` or
+  ``None`` when that list is empty; ``lora_keys = [lora_name]`` on every block of a
+  LoRA request, ``salt_keys = [cache_salt]`` on the *first* block only (and only
+  when the salt is non-empty). Multimodal and prompt-embedding keys are not
+  supported here.
+- KV events publish ``int.from_bytes(d_i, "big") & (2**64 − 1)`` (the low 64 bits)
+  by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``), or the 32 bytes ``d_i``
+  when that variable is ``0``. :func:`block_hashes` returns the int form;
+  ``kvcost.serving.kv_events`` folds byte hashes to the same int, so one block has
+  one name whichever way the engine is configured.
+
+To make the router's hashes equal the engine's, start the engine with
+``--prefix-caching-hash-algo sha256_cbor``, ``PYTHONHASHSEED=<seed>`` in its
+environment, the same block size, and pass ``hash_seed="<seed>"`` (the same
+string) and the same block size here. Earlier releases (0.10.0 and before) chained
+64-bit ints (``sha256_cbor_64bit``) and are not reproduced.
+
+Example:
+    >>> hashes = block_hashes([1, 2, 3, 4, 5], block_size=2, hash_seed="0")
+    >>> len(hashes), all(0 <= h < 2**64 for h in hashes)
+    (2, True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import cbor2
+
+#: Mask of the low 64 bits that vLLM publishes as an int block hash.
+HASH_MASK_64 = (1 << 64) - 1
+
+
+def sha256_cbor(obj: Any) -> bytes:
+    """SHA-256 digest (32 bytes) of the canonical CBOR encoding of ``obj``, as vLLM's ``sha256_cbor``."""
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def none_hash(hash_seed: str) -> bytes:
+    """vLLM's ``NONE_HASH`` (the parent of a prefix's first block) for ``PYTHONHASHSEED=hash_seed``."""
+    return sha256_cbor(hash_seed)
+
+
+def external_hash(digest: bytes) -> int:
+    """The int a vLLM KV event carries for block digest ``digest``: its low 64 bits, big-endian."""
+    return int.from_bytes(digest, "big") & HASH_MASK_64
+
+
+class BlockHasher:
+    """Hashes prompts for one engine configuration (block size and hash seed).
+
+    Args:
+        block_size_tokens: tokens per KV block (vLLM ``--block-size``), ≥ 1.
+        hash_seed: the engine's ``PYTHONHASHSEED`` string.
+
+    Raises:
+        ValueError: ``block_size_tokens`` < 1.
+    """
+
+    def __init__(self, block_size_tokens: int, hash_seed: str = "0") -> None:
+        if block_size_tokens < 1:
+            raise ValueError(f"block_size_tokens = {block_size_tokens}, expected ≥ 1")
+        self.block_size_tokens = block_size_tokens
+        self.hash_seed = hash_seed
+        self.none_hash = none_hash(hash_seed)
+
+    def digests(self, token_ids: Sequence[int], extra_keys: Sequence[Any] = (), salt: str | None = None) -> list[bytes]:
+        """32-byte digests of the full blocks of ``token_ids``, prompt order.
+
+        Args:
+            token_ids: the prompt's token ids (a sequence of ints or a 1-D integer array).
+            extra_keys: request keys vLLM puts on every block, first in each block's
+                extra keys: ``(lora_name,)`` for a LoRA request, ``()`` otherwise.
+            salt: the request's ``cache_salt`` (first block only); ``None`` or ``""`` for none.
+
+        Returns:
+            ``len(token_ids) // block_size_tokens`` digests.
+        """
+        if hasattr(token_ids, "tolist"):  # numpy arrays: CBOR encodes Python ints only
+            token_ids = token_ids.tolist()
+        size = self.block_size_tokens
+        common = tuple(extra_keys)
+        parent = self.none_hash
+        out = []
+        for start in range(0, len(token_ids) - size + 1, size):
+            keys = common + (salt,) if start == 0 and salt else common
+            parent = sha256_cbor((parent, tuple(token_ids[start : start + size]), keys or None))
+            out.append(parent)
+        return out
+
+    def hashes(self, token_ids: Sequence[int], extra_keys: Sequence[Any] = (), salt: str | None = None) -> list[int]:
+        """The block hashes vLLM's KV events carry (64-bit ints) for ``token_ids``; see :meth:`digests`."""
+        return [external_hash(d) for d in self.digests(token_ids, extra_keys, salt)]
+
+
+def block_digests(
+    token_ids: Sequence[int],
+    block_size: int,
+    extra_keys: Sequence[Any] = (),
+    salt: str | None = None,
+    hash_seed: str = "0",
+) -> list[bytes]:
+    """32-byte digests of the full blocks of ``token_ids``; see :meth:`BlockHasher.digests`."""
+    return BlockHasher(block_size, hash_seed).digests(token_ids, extra_keys, salt)
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    extra_keys: Sequence[Any] = (),
+    salt: str | None = None,
+    hash_seed: str = "0",
+) -> list[int]:
+    """Chained block hashes of ``token_ids`` as vLLM's KV events carry them (ints in ``[0, 2**64)``).
+
+    Only full blocks are hashed: the result has ``len(token_ids) // block_size`` entries.
+    ``extra_keys`` go on every block (``(lora_name,)`` for a LoRA request), ``salt``
+    (the request's ``cache_salt``) on the first block only, ``hash_seed`` is the
+    engine's ``PYTHONHASHSEED``. See the module docstring for the exact scheme.
+
+    Raises:
+        ValueError: ``block_size`` < 1.
+    """
+    return BlockHasher(block_size, hash_seed).hashes(token_ids, extra_keys, salt)

@@ -1,0 +1,278 @@
+"""Wire format of the scoring API: pydantic models, apart from the router's dataclasses (STYLE.md §4).
+
+Request models carry every limit of the API, so that bad input is refused
+with a 422 whose ``loc`` names the field, before any work is done:
+
+* at most :data:`MAX_CANDIDATES` candidates (256) and :data:`MAX_TOKENS`
+  tokens (1,048,576) per request;
+* every number finite and non-negative, with an upper bound
+  (:data:`MAX_SECONDS` for durations, :data:`MAX_COUNT` for counts), so that
+  no admissible input can overflow the cost model;
+* integers strict (``1.0``, ``"1"`` and ``true`` are not integers); unknown
+  fields are errors (a typo is not silently ignored).
+
+Response models say in their names what they carry: times in seconds
+(``_s``), sizes in tokens or blocks. A value that can be unknown is ``null``
+(never NaN, which JSON cannot carry).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+
+#: Candidates per request (the issue's limit).
+MAX_CANDIDATES = 256
+#: Tokens per request: ``input_tokens``, ``len(token_ids)``, ``len(block_hashes)``.
+MAX_TOKENS = 1_048_576
+#: Largest KV block size accepted, tokens (vLLM uses 16–256, Mooncake traces 512).
+MAX_BLOCK_SIZE_TOKENS = 65_536
+#: Entries of a snapshot's ``waiting_prefill`` (requests queued on one worker).
+MAX_WAITING_REQUESTS = 16_384
+#: Upper bound of durations, seconds (11.6 days): anything larger is a unit error.
+MAX_SECONDS = 1e6
+#: Upper bound of wall-clock instants (epoch seconds, year 33658): anything larger is a unit error.
+MAX_EPOCH_S = 1e12
+#: Upper bound of counts (requests, blocks, tokens summed over a worker).
+MAX_COUNT = 2**40
+#: Ids are DuckDB BIGINT.
+MAX_ID = 2**63 - 1
+#: Length of namespace strings.
+MAX_NAME_CHARS = 256
+
+Id = Annotated[int, Strict(), Field(ge=0, le=MAX_ID)]
+Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
+Tokens = Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS)]
+TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
+BlockHash = Annotated[int, Strict(), Field(ge=0, lt=2**64)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+Ratio = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+
+_IN = ConfigDict(extra="forbid")
+
+
+class NamespaceIn(BaseModel):
+    """KV compatibility key (DESIGN.md §2): a prefix is reusable only within one namespace."""
+
+    model_config = _IN
+
+    model: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)] = Field(
+        description="served model name, e.g. meta-llama/Meta-Llama-3-8B"
+    )
+    revision: Name = Field("main", description="model weights revision")
+    adapter: Name = Field("", description="LoRA adapter name, empty for none")
+    block_size_tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_BLOCK_SIZE_TOKENS)] | None = Field(
+        None, description="KV block size in tokens; null = the service's --block-size-tokens"
+    )
+    kv_layout: Name = Field("bf16-tp1", description="KV dtype and tensor-parallel split")
+    cache_salt: Name = Field("", description="per-tenant cache salt, empty for none")
+
+
+class RequestIn(BaseModel):
+    """One request to score or route: its prompt as token ids OR as full-block hashes, and its namespace."""
+
+    # the OpenAPI schema states the two prompt forms, so that clients and fuzzers see them
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["token_ids"], "not": {"required": ["block_hashes"]}},
+                {"required": ["block_hashes", "input_tokens"], "not": {"required": ["token_ids"]}},
+            ]
+        },
+    )
+
+    request_id: Id = Field(description="caller's id; the key of /v1/observe")
+    namespace: NamespaceIn
+    input_tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS)] | None = Field(
+        None, description="prompt length; required with block_hashes, = len(token_ids) with token_ids"
+    )
+    token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKENS)] | None = Field(
+        None, description="prompt token ids; the service hashes the full blocks"
+    )
+    block_hashes: Annotated[list[BlockHash], Field(max_length=MAX_TOKENS)] | None = Field(
+        None, description="chained hashes of the prompt's full blocks, prompt order"
+    )
+    arrival_s: Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] | None = Field(
+        None, description="arrival time, epoch seconds; null = when the service received it"
+    )
+
+    @model_validator(mode="after")
+    def _one_prompt_form(self) -> RequestIn:
+        if (self.token_ids is None) == (self.block_hashes is None):
+            raise ValueError("give exactly one of token_ids or block_hashes")
+        if self.token_ids is not None and self.input_tokens not in (None, len(self.token_ids)):
+            raise ValueError(f"input_tokens = {self.input_tokens} but token_ids has {len(self.token_ids)} tokens")
+        if self.block_hashes is not None and self.input_tokens is None:
+            raise ValueError("input_tokens is required with block_hashes")
+        return self
+
+
+class SnapshotIn(BaseModel):
+    """Load of one worker (fields of :class:`kvcost.serving.types.WorkerSnapshot`, same units)."""
+
+    model_config = _IN
+
+    gpu: Name | None = Field(None, description="GPU type (a100, h100); null = the service's --gpu")
+    waiting_prefill: Annotated[list[tuple[Tokens, Count]], Field(max_length=MAX_WAITING_REQUESTS)] = Field(
+        default_factory=list,
+        description="per request not done with prefill, FCFS: [remaining_prefill_tokens, context_tokens]",
+    )
+    running_requests: Count = 0
+    decode_context_tokens: Count = Field(0, description="sum of the decoding requests' KV lengths")
+    kv_usage: Ratio = Field(0.0, description="KV blocks used by running requests / capacity")
+    idle_cached_blocks: Count = 0
+    recent_step_s: Seconds = 0.0
+    step_remaining_s: Seconds = 0.0
+    kv_capacity_blocks: Count = Field(0, description="0 = unknown")
+    waiting_prompt_blocks: Count = 0
+    oldest_waiting_s: Seconds = 0.0
+    recent_step_nominal_s: Seconds = Field(0.0, description="0 = unknown")
+
+
+class CandidateIn(BaseModel):
+    """A candidate worker: its id and, optionally, its snapshot (else the last one pushed)."""
+
+    model_config = _IN
+
+    worker_id: Id
+    snapshot: SnapshotIn | None = None
+
+
+class ScoreRequestIn(BaseModel):
+    """Body of ``POST /v1/score`` and ``POST /v1/route``."""
+
+    model_config = _IN
+
+    request: RequestIn
+    candidates: Annotated[list[CandidateIn], Field(min_length=1, max_length=MAX_CANDIDATES)]
+
+    @field_validator("candidates")
+    @classmethod
+    def _distinct_workers(cls, candidates: list[CandidateIn]) -> list[CandidateIn]:
+        counts = Counter(c.worker_id for c in candidates)
+        duplicates = sorted(w for w, n in counts.items() if n > 1)
+        if duplicates:
+            raise ValueError(f"worker_id {duplicates} listed more than once")
+        return candidates
+
+
+class ObservationIn(BaseModel):
+    """Body of ``POST /v1/observe``: the actual times of a routed request (seconds)."""
+
+    model_config = _IN
+
+    request_id: Id
+    ttft_s: Seconds = Field(description="actual time to first token")
+    queue_s: Seconds | None = None
+    lookup_s: Seconds | None = None
+    transfer_s: Seconds | None = None
+    prefill_s: Seconds | None = None
+    first_token_s: Seconds | None = None
+    output_tokens: Count | None = None
+    actual_reuse_tokens: Tokens | None = Field(None, description="prefix actually reused at admission")
+    tpot_s: Seconds | None = None
+    e2e_s: Seconds | None = None
+
+
+class TermsOut(BaseModel):
+    """Predicted TTFT terms of one candidate, seconds."""
+
+    queue_s: float
+    lookup_s: float
+    transfer_s: float
+    prefill_s: float
+    first_token_s: float
+
+
+class CandidateScore(BaseModel):
+    """One candidate's breakdown. ``score_s`` is what ``learned_cost_aware`` ranks by (lower is better)."""
+
+    worker_id: int
+    terms: TermsOut
+    ttft_s: float = Field(description="terms composed on the critical path")
+    p50_s: float = Field(description="calibrated TTFT (= ttft_s with the analytic model)")
+    p90_s: float | None = Field(description="conformal 90 % upper bound; null without calibration")
+    score_s: float
+    reusable_tokens: int
+    reusable_blocks: int
+    tier: str = Field(description="tier of the deepest matched block: none, gpu, cpu, disk, remote")
+    directory_age_s: float | None = Field(description="time since the worker's last KV event; null if never")
+    snapshot: Literal["inline", "pushed"]
+    snapshot_age_s: float = Field(description="0 for an inline snapshot")
+
+
+class ScoreResponse(BaseModel):
+    """Per-candidate scores, candidates in request order; no routing side effects."""
+
+    request_id: int
+    model: str = Field(description="cost model used: 'analytic' or 'champion vN'")
+    learned: bool
+    request_blocks: int = Field(description="full blocks of the prompt")
+    candidates: list[CandidateScore]
+
+
+class RouteResponse(ScoreResponse):
+    """The chosen worker, its reason, and every candidate's breakdown (recorded for /v1/observe)."""
+
+    worker_id: int
+    chosen_index: int
+    policy: str
+    reason: str
+    run_id: str = Field(description="log run the decision is recorded under")
+
+
+class ObservationResponse(BaseModel):
+    """Outcome of an observation: ``recorded`` (durable when returned) or ``duplicate`` (already recorded)."""
+
+    request_id: int
+    status: Literal["recorded", "duplicate"]
+    run_id: str
+    worker_id: int
+
+
+class SnapshotAck(BaseModel):
+    """A stored snapshot."""
+
+    worker_id: int
+    received_at_s: float = Field(description="epoch seconds")
+
+
+class ModelStatusOut(BaseModel):
+    """The cost model the service scores with."""
+
+    kind: Literal["learned", "analytic"]
+    source: str = Field(description="'champion', or 'analytic' (fallback or by configuration)")
+    version: str | None
+    status: Literal["ready", "degraded", "loading"]
+    reason: str
+    loaded_at_s: float | None
+    feature_spec_hash: str
+    metadata: dict[str, Any]
+
+
+class ModelsResponse(BaseModel):
+    """``GET /v1/models``: the serving model and the registry's versions (champion, challenger, others)."""
+
+    serving: ModelStatusOut
+    feature_spec_hash: str = Field(description="feature spec of this kvcost")
+    registry_uri: str | None
+    registry_error: str | None
+    versions: list[dict[str, Any]]
+
+
+class HealthResponse(BaseModel):
+    """Liveness."""
+
+    status: Literal["ok"]
+
+
+class ReadinessResponse(BaseModel):
+    """Readiness: ``ready``; ``degraded`` (200: scoring works on the analytic fallback); else 503."""
+
+    status: Literal["ready", "degraded", "starting", "unavailable"]
+    reason: str
+    model: str

@@ -1,0 +1,172 @@
+"""Benchmarks of the scoring path (``make bench``; not run by default): printed, not asserted.
+
+* in-process ``Router.route``: 16 candidates, 8,192-token requests, 10,000 decisions;
+* ``POST /v1/route`` on a real uvicorn process at 200 requests/s from a loopback
+  load generator (httpx clients in threads, open loop: each request is sent at
+  its scheduled time), then ``POST /v1/observe`` of the same ids at 200/s (the
+  cost of durable observations). Duration ``KVCOST_BENCH_S`` seconds per phase
+  (default 60, the issue's figure).
+"""
+
+import json
+import os
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from kvcost.models.hardware import StepTimeModel
+from kvcost.serving.directory import CacheDirectory, Namespace
+from kvcost.serving.router import Router, RouterSettings
+from kvcost.serving.service import block_hashes_for
+from kvcost.serving.types import RouteRequest, WorkerSnapshot
+from tests.serving.test_api_process import AUTH, Server
+
+pytestmark = pytest.mark.bench
+
+N_CANDIDATES = 16
+INPUT_TOKENS = 8192
+BLOCK = 512
+RATE_PER_S = 200
+DURATION_S = float(os.environ.get("KVCOST_BENCH_S", "60"))
+N_THREADS = 16
+
+
+def _percentiles_ms(seconds) -> str:
+    p50, p90, p99, top = np.quantile(np.asarray(seconds), [0.5, 0.9, 0.99, 1.0]) * 1e3
+    return f"P50 {p50:.3f} ms, P90 {p90:.3f} ms, P99 {p99:.3f} ms, max {top:.3f} ms"
+
+
+def _snapshot_fields(rng, worker_id):
+    waiting = [[int(rng.integers(100, 8000)), int(rng.integers(0, 4000))] for _ in range(rng.integers(0, 6))]
+    return {
+        "gpu": "a100" if worker_id % 2 else "h100",
+        "waiting_prefill": waiting,
+        "running_requests": int(rng.integers(0, 64)),
+        "decode_context_tokens": int(rng.integers(0, 200_000)),
+        "kv_usage": float(rng.uniform(0, 0.9)),
+        "idle_cached_blocks": int(rng.integers(0, 500)),
+        "recent_step_s": float(rng.uniform(0.01, 0.05)),
+        "step_remaining_s": float(rng.uniform(0, 0.02)),
+        "kv_capacity_blocks": 880,
+    }
+
+
+def test_bench_router_route_in_process():
+    rng = np.random.default_rng(0)
+    ns = Namespace("llama-3-8b", block_size_tokens=BLOCK)
+    directory = CacheDirectory()
+    prompts = [rng.integers(0, 128_000, INPUT_TOKENS).tolist() for _ in range(64)]
+    hashes = [block_hashes_for(p, BLOCK, ns) for p in prompts]
+    for i, h in enumerate(hashes):  # every prompt's prefix on two workers, to various depths
+        for worker in (i % N_CANDIDATES, (i * 7) % N_CANDIDATES):
+            directory.apply_stored(ns, worker, h[: 1 + i % len(h)], None, "gpu", 0.0)
+    step_models = {gpu: StepTimeModel.for_hardware("llama-3-8b", gpu) for gpu in ("a100", "h100")}
+    router = Router(directory, step_models, RouterSettings(policy="learned_cost_aware"))
+    snapshots = []
+    for w in range(N_CANDIDATES):
+        f = _snapshot_fields(rng, w)
+        snapshots.append(
+            WorkerSnapshot(
+                w,
+                f["gpu"],
+                tuple(map(tuple, f["waiting_prefill"])),
+                f["running_requests"],
+                f["decode_context_tokens"],
+                f["kv_usage"],
+                f["idle_cached_blocks"],
+                f["recent_step_s"],
+                f["step_remaining_s"],
+                f["kv_capacity_blocks"],
+            )
+        )
+    times = np.empty(10_000)
+    for k in range(len(times)):
+        request = RouteRequest(k, 1.0, INPUT_TOKENS, hashes[k % len(hashes)], ns)
+        t0 = time.perf_counter()
+        router.route(request, snapshots, now_s=1.0)
+        times[k] = time.perf_counter() - t0
+    print(f"\nbench: Router.route, {N_CANDIDATES} candidates, {INPUT_TOKENS}-token requests, 10,000 decisions: ")
+    print(f"  {_percentiles_ms(times)}")
+
+
+def _open_loop(url: str, requests: list[tuple[str, bytes]], rate_per_s: float):
+    """Send ``requests`` at ``rate_per_s`` on schedule; returns per request (latency s, status, lateness s)."""
+    results: list = [None] * len(requests)
+    start = time.perf_counter() + 0.5
+    headers = {"content-type": "application/json", **AUTH}
+
+    def worker(k: int) -> None:
+        with httpx.Client(base_url=url, headers=headers, timeout=10.0) as client:
+            for i in range(k, len(requests), N_THREADS):
+                scheduled = start + i / rate_per_s
+                delay = scheduled - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                t0 = time.perf_counter()
+                try:
+                    status = client.post(requests[i][0], content=requests[i][1]).status_code
+                except httpx.HTTPError:
+                    status = -1
+                results[i] = (time.perf_counter() - t0, status, t0 - scheduled)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(N_THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _report(name: str, results) -> None:
+    latency = [r[0] for r in results]
+    errors = sum(1 for r in results if r[1] != 200)
+    late = np.quantile([r[2] for r in results], 0.99) * 1e3
+    print(f"bench: {name}: {len(results)} requests at {RATE_PER_S}/s over {DURATION_S:g} s, {errors} errors")
+    print(f"  {_percentiles_ms(latency)} (client-side, loopback); send lateness P99 {late:.2f} ms")
+
+
+def _route_bodies(rng, n: int, form: str) -> list[tuple[str, bytes]]:
+    ns = Namespace("llama-3-8b", block_size_tokens=BLOCK)
+    prompts = [rng.integers(0, 128_000, INPUT_TOKENS).tolist() for _ in range(64)]
+    bodies = []
+    for i in range(n):
+        prompt = prompts[i % len(prompts)]
+        request = {"request_id": i, "namespace": {"model": ns.model, "block_size_tokens": BLOCK}}
+        if form == "token_ids":
+            request["token_ids"] = prompt
+        else:
+            request |= {"block_hashes": list(block_hashes_for(prompt, BLOCK, ns)), "input_tokens": INPUT_TOKENS}
+        candidates = [{"worker_id": w, "snapshot": _snapshot_fields(rng, w)} for w in range(N_CANDIDATES)]
+        bodies.append(("/v1/route", json.dumps({"request": request, "candidates": candidates}).encode()))
+    return bodies
+
+
+@pytest.mark.parametrize("form", ["block_hashes", "token_ids"])
+def test_bench_http_route_and_observe_at_200_per_s(tmp_path, form):
+    rng = np.random.default_rng(1)
+    server = Server(tmp_path, tmp_path / "log.duckdb")
+    try:
+        n = int(RATE_PER_S * DURATION_S)
+        routes = _route_bodies(rng, n, form)
+        print(f"\nbench: one route body: {len(routes[0][1]) / 1024:.0f} KiB ({form}, {N_CANDIDATES} snapshots)")
+        cpu0, client0 = _cpu_s(server.proc.pid), time.process_time()
+        _report(f"POST /v1/route ({form})", _open_loop(server.url, routes, RATE_PER_S))
+        server_ms = (_cpu_s(server.proc.pid) - cpu0) / n * 1e3
+        client_ms = (time.process_time() - client0) / n * 1e3
+        print(f"  CPU per request: server {server_ms:.2f} ms, load generator {client_ms:.2f} ms (2 cores shared)")
+        observes = [
+            ("/v1/observe", json.dumps({"request_id": i, "ttft_s": 0.1, "queue_s": 0.01, "prefill_s": 0.08}).encode())
+            for i in range(n)
+        ]
+        _report("POST /v1/observe (durable: answered after the DuckDB commit)", _open_loop(server.url, observes, 200))
+    finally:
+        server.stop()

@@ -1,0 +1,103 @@
+"""Fuzz every operation of the API's own OpenAPI schema with schemathesis (bounded examples): never a 5xx.
+
+The schema comes from ``app.openapi()`` (pure: building an app opens
+nothing); the calls go in-process to an app whose log lives in a temporary
+folder (schemathesis runs its lifespan). No token file, so that the write
+endpoints are exercised past authentication. schemathesis generates valid and
+invalid bodies, path parameters and headers.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis.checks import not_a_server_error
+
+from kvcost.serving.api import create_app
+from kvcost.serving.schemas import MAX_BLOCK_SIZE_TOKENS, MAX_COUNT, MAX_ID, MAX_SECONDS, MAX_TOKENS
+from kvcost.serving.service import ServiceSettings
+
+pytestmark = pytest.mark.slow
+MAX_EXAMPLES = 30
+
+schema = schemathesis.openapi.from_dict(create_app(ServiceSettings(db_path=Path("never-opened.duckdb"))).openapi())
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    db = tmp_path_factory.mktemp("fuzz") / "log.duckdb"
+    return create_app(ServiceSettings(db_path=db, segment_roll_interval_s=0, max_body_bytes=2**20))
+
+
+@schema.parametrize()
+@settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+def test_no_server_errors(case, app):
+    case.call_and_validate(app=app, checks=[not_a_server_error])
+
+
+# Schema-valid bodies rarely satisfy the cross-field rules (one prompt form, a snapshot per candidate),
+# so the scoring path itself is fuzzed with bodies that do, at the extremes of every limit.
+seconds = st.floats(0, MAX_SECONDS, allow_nan=False)
+count = st.integers(0, MAX_COUNT)
+snapshots = st.fixed_dictionaries(
+    {},
+    optional={
+        "gpu": st.sampled_from(["a100", "h100"]),
+        "waiting_prefill": st.lists(st.tuples(st.integers(0, MAX_TOKENS), count), max_size=4),
+        "running_requests": count,
+        "decode_context_tokens": count,
+        "kv_usage": st.floats(0, 1),
+        "idle_cached_blocks": count,
+        "recent_step_s": seconds,
+        "step_remaining_s": seconds,
+        "kv_capacity_blocks": count,
+        "waiting_prompt_blocks": count,
+        "oldest_waiting_s": seconds,
+        "recent_step_nominal_s": seconds,
+    },
+)
+bodies = st.fixed_dictionaries(
+    {
+        "request": st.fixed_dictionaries(
+            {
+                "request_id": st.integers(0, MAX_ID),
+                "namespace": st.fixed_dictionaries(
+                    {"model": st.text(min_size=1, max_size=8)},
+                    optional={"block_size_tokens": st.integers(1, MAX_BLOCK_SIZE_TOKENS), "cache_salt": st.text()},
+                ),
+                "token_ids": st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=200),
+            }
+        ),
+        "candidates": st.lists(
+            st.fixed_dictionaries({"worker_id": st.integers(0, MAX_ID), "snapshot": snapshots}),
+            min_size=1,
+            max_size=6,
+            unique_by=lambda c: c["worker_id"],
+        ),
+    }
+)
+
+
+def _no_non_finite(constant):
+    raise AssertionError(f"non-finite number {constant} in a response")
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    db = tmp_path_factory.mktemp("fuzz-valid") / "log.duckdb"
+    with TestClient(create_app(ServiceSettings(db_path=db, segment_roll_interval_s=0))) as c:
+        yield c
+
+
+@given(body=bodies)
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+def test_valid_bodies_score_and_route_with_finite_numbers(client, body):
+    scored = client.post("/v1/score", json=body)
+    assert scored.status_code == 200, scored.text
+    json.loads(scored.text, parse_constant=_no_non_finite)
+    routed = client.post("/v1/route", json=body)
+    assert routed.status_code in (200, 409), routed.text  # 409: a request id drawn twice

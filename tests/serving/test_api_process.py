@@ -1,0 +1,140 @@
+"""End-to-end tests against a real ``kvcost serve`` (uvicorn) process on 127.0.0.1: scoring, routing, kill -9.
+
+Every wait is bounded; the process is always stopped (SIGKILL as a last resort).
+"""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+import pytest
+
+from kvcost.data.segments import connect_segments, segments_dir_for
+from tests.serving.test_api import make_body
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "e2e-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+START_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``kvcost serve`` in a subprocess, working directory ``tmp_path`` (its relative paths stay there)."""
+
+    def __init__(self, tmp_path: Path, db: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (tmp_path / "token").write_text(TOKEN)
+        args = [sys.executable, "-m", "kvcost.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        args += ["--db", str(db), "--analytic-only", "--token-file", str(tmp_path / "token"), "--log-level", "warning"]
+        self.log = (tmp_path / f"serve-{self.port}.log").open("w")
+        self.proc = subprocess.Popen(args, cwd=tmp_path, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"kvcost serve exited with {self.proc.returncode}: {self._log_text()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"kvcost serve not healthy after {START_TIMEOUT_S} s: {self._log_text()}")
+            time.sleep(0.05)
+
+    def _log_text(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()[-2000:]
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no flush, no checkpoint."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.log.close()
+
+    def stop(self) -> None:
+        """SIGTERM: uvicorn's graceful shutdown (the lifespan closes the log)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.log.close()
+
+
+@pytest.fixture
+def servers():
+    started: list[Server] = []
+    yield started
+    for server in started:
+        if server.proc.poll() is None:
+            server.kill()
+
+
+def test_end_to_end_score_route_observe_over_http(tmp_path, servers):
+    db = tmp_path / "log.duckdb"
+    server = Server(tmp_path, db)
+    servers.append(server)
+    with httpx.Client(base_url=server.url, timeout=10.0) as http:
+        assert http.get("/readyz").json()["status"] == "ready"
+        scored = http.post("/v1/score", json=make_body(request_id=1))
+        assert scored.status_code == 200 and len(scored.json()["candidates"]) == 2
+        assert http.post("/v1/route", json=make_body(request_id=1)).status_code == 401
+        routed = http.post("/v1/route", json=make_body(request_id=1), headers=AUTH)
+        assert routed.status_code == 200 and routed.json()["worker_id"] == 1
+        observed = http.post("/v1/observe", json={"request_id": 1, "ttft_s": 0.02}, headers=AUTH)
+        assert observed.json()["status"] == "recorded"
+        metrics = http.get("/metrics").text
+        assert 'kvcost_observations_total{result="recorded"} 1.0' in metrics
+    server.stop()
+    assert server.proc.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its shutdown
+    assert not Path(f"{db}.wal").exists()  # the lifespan closed the log: DuckDB checkpointed and removed its WAL
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT request_id, worker_id, actual_ttft_s FROM requests").fetchall() == [(1, 1, 0.02)]
+    with connect_segments(segments_dir_for(db)) as con:  # rolled on shutdown, for readers such as kvcost retrain
+        assert con.execute("SELECT request_id FROM requests").fetchall() == [(1,)]
+
+
+def test_acknowledged_observations_survive_kill_9(tmp_path, servers):
+    db = tmp_path / "log.duckdb"
+    n = 20
+    server = Server(tmp_path, db)
+    servers.append(server)
+    with httpx.Client(base_url=server.url, timeout=10.0, headers=AUTH) as http:
+        # routed before the observed ones, never observed before the kill
+        assert http.post("/v1/route", json=make_body(request_id=1000)).status_code == 200
+        for request_id in range(n):
+            assert http.post("/v1/route", json=make_body(request_id=request_id)).status_code == 200
+            ack = http.post("/v1/observe", json={"request_id": request_id, "ttft_s": 0.01 * (request_id + 1)})
+            assert ack.json()["status"] == "recorded"
+    server.kill()
+    assert server.proc.returncode == -signal.SIGKILL
+    assert Path(f"{db}.wal").exists()  # not checkpointed: the observations are only in DuckDB's WAL
+
+    restarted = Server(tmp_path, db)  # same database: DuckDB replays its WAL on open
+    servers.append(restarted)
+    with httpx.Client(base_url=restarted.url, timeout=10.0, headers=AUTH) as http:
+        statuses = {http.post("/v1/observe", json={"request_id": i, "ttft_s": 9.0}).json()["status"] for i in range(n)}
+        assert statuses == {"duplicate"}
+        late = http.post("/v1/observe", json={"request_id": 1000, "ttft_s": 0.5})
+        assert late.json()["status"] == "recorded"  # its decision was reloaded from the log
+    restarted.stop()
+    with duckdb.connect(str(db), read_only=True) as con:
+        got = con.execute("SELECT request_id, actual_ttft_s FROM requests ORDER BY request_id").fetchall()
+        chosen = con.execute("SELECT count(*) FROM candidates WHERE chosen").fetchall()
+    assert got == [(i, pytest.approx(0.01 * (i + 1))) for i in range(n)] + [(1000, 0.5)]
+    assert chosen == [(n + 1,)]

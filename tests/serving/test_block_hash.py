@@ -1,0 +1,115 @@
+"""Tests for kvcost.serving.block_hash: vLLM-compatible sha256_cbor block hashes, checked against hand-made CBOR."""
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from kvcost.serving.block_hash import (
+    BlockHasher,
+    block_digests,
+    block_hashes,
+    external_hash,
+    none_hash,
+    sha256_cbor,
+)
+
+# RFC 8949 heads used below (major type << 5 | additional info):
+#   unsigned int: 0x00-0x17 inline, 0x18 + 1 byte, 0x19 + 2 bytes, 0x1a + 4 bytes
+#   byte string of 32 bytes: 0x58 0x20; text string of n < 24 bytes: 0x60 + n
+#   array of n < 24 items: 0x80 + n; null: 0xf6
+
+BLOCK_0 = [1, 23, 24, 300]  # inline, inline, 1-byte and 2-byte ints
+BLOCK_1 = [70000, 0, 255, 65536]  # 4-byte, inline, 1-byte, 4-byte
+TOKENS = BLOCK_0 + BLOCK_1 + [9, 9, 9]  # 2 full blocks of 4 and a partial one
+BLOCK_0_CBOR = bytes([0x84, 0x01, 0x17, 0x18, 24, 0x19, 0x01, 0x2C])
+BLOCK_1_CBOR = bytes([0x84, 0x1A, 0x00, 0x01, 0x11, 0x70, 0x00, 0x18, 0xFF, 0x1A, 0x00, 0x01, 0x00, 0x00])
+NULL = b"\xf6"
+
+
+def text(s: str) -> bytes:
+    return bytes([0x60 + len(s)]) + s.encode()
+
+
+def digest_of(parent: bytes, block_cbor: bytes, extra_cbor: bytes) -> bytes:
+    """sha256 of the CBOR array (parent bytes, block token array, extra keys)."""
+    return hashlib.sha256(b"\x83" + b"\x58\x20" + parent + block_cbor + extra_cbor).digest()
+
+
+# NONE_HASH for PYTHONHASHSEED=0: sha256 of the CBOR text string "0"
+NONE_HASH_0 = hashlib.sha256(b"\x61\x30").digest()
+
+
+def test_none_hash_is_sha256_of_the_cbor_seed_string():
+    assert none_hash("0") == NONE_HASH_0
+    assert none_hash("42") == hashlib.sha256(b"\x62\x34\x32").digest()
+    assert BlockHasher(4, hash_seed="0").none_hash == NONE_HASH_0
+
+
+def test_two_blocks_match_hand_computed_digests_and_partial_block_is_not_hashed():
+    d0 = digest_of(NONE_HASH_0, BLOCK_0_CBOR, NULL)
+    d1 = digest_of(d0, BLOCK_1_CBOR, NULL)
+    assert block_digests(TOKENS, 4, hash_seed="0") == [d0, d1]
+    assert block_hashes(TOKENS, 4, hash_seed="0") == [
+        int.from_bytes(d0[-8:], "big"),
+        int.from_bytes(d1[-8:], "big"),
+    ]
+
+
+def test_external_hash_is_low_64_bits_big_endian():
+    digest = bytes(range(32))
+    assert external_hash(digest) == int.from_bytes(bytes(range(24, 32)), "big")
+    assert external_hash(b"\xff" * 32) == 2**64 - 1
+
+
+def test_salt_goes_on_the_first_block_only():
+    d0 = digest_of(NONE_HASH_0, BLOCK_0_CBOR, b"\x81" + text("s1"))
+    d1 = digest_of(d0, BLOCK_1_CBOR, NULL)
+    assert block_digests(TOKENS, 4, salt="s1") == [d0, d1]
+    plain = block_hashes(TOKENS, 4)
+    salted = block_hashes(TOKENS, 4, salt="s1")
+    assert salted[0] != plain[0] and salted[1] != plain[1]  # the chain carries the salt on
+    assert block_hashes(TOKENS, 4, salt="") == plain  # an empty salt is no salt, as in vLLM
+
+
+def test_lora_name_goes_on_every_block_before_the_salt():
+    d0 = digest_of(NONE_HASH_0, BLOCK_0_CBOR, b"\x82" + text("sql-lora") + text("s1"))
+    d1 = digest_of(d0, BLOCK_1_CBOR, b"\x81" + text("sql-lora"))
+    assert block_digests(TOKENS, 4, extra_keys=("sql-lora",), salt="s1") == [d0, d1]
+    assert block_hashes(TOKENS, 4, extra_keys=("sql-lora",)) != block_hashes(TOKENS, 4)
+    assert block_hashes(TOKENS, 4, extra_keys=("a",)) != block_hashes(TOKENS, 4, extra_keys=("b",))
+
+
+def test_seed_changes_every_hash():
+    a, b = block_hashes(TOKENS, 4, hash_seed="0"), block_hashes(TOKENS, 4, hash_seed="1")
+    assert a[0] != b[0] and a[1] != b[1]
+
+
+def test_hashes_are_chained_prefixes():
+    # a prompt that shares the first block but not the second shares exactly one hash
+    other = BLOCK_0 + [5, 6, 7, 8]
+    assert block_hashes(other, 4)[0] == block_hashes(TOKENS, 4)[0]
+    assert block_hashes(other, 4)[1] != block_hashes(TOKENS, 4)[1]
+    # the same tokens in block 1 under a different block 0 hash differently
+    assert block_hashes([2, 23, 24, 300] + BLOCK_1, 4)[1] != block_hashes(TOKENS, 4)[1]
+
+
+@pytest.mark.parametrize("n_tokens, expected_blocks", [(0, 0), (3, 0), (4, 1), (7, 1), (8, 2), (11, 2)])
+def test_only_full_blocks_are_hashed(n_tokens, expected_blocks):
+    hashes = block_hashes(TOKENS[:n_tokens], 4)
+    assert len(hashes) == expected_blocks
+    assert hashes == block_hashes(TOKENS, 4)[:expected_blocks]
+
+
+def test_numpy_tokens_hash_like_lists():
+    assert block_hashes(np.array(TOKENS, dtype=np.int64), 4) == block_hashes(TOKENS, 4)
+
+
+def test_sha256_cbor_of_a_tuple_is_an_array():
+    assert sha256_cbor((1, None)) == hashlib.sha256(b"\x82\x01\xf6").digest()
+
+
+def test_block_size_must_be_positive():
+    with pytest.raises(ValueError) as err:
+        block_hashes(TOKENS, 0)
+    assert str(err.value) == "block_size_tokens = 0, expected ≥ 1"

@@ -1,0 +1,198 @@
+"""Tests of kvcost.serving.service (hashing seam, settings, decision store, recovery, log writer) and metrics."""
+
+import concurrent.futures
+import hashlib
+
+import duckdb
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from kvcost.data.store import LogStore
+from kvcost.serving.api import create_app
+from kvcost.serving.directory import Namespace
+from kvcost.serving.metrics import ServiceMetrics, reason_kind
+from kvcost.serving.service import LogWriter, ServiceSettings, _Write, block_hashes_for, is_loopback
+from tests.serving.test_api import AUTH, make_body, settings_for
+
+NS = Namespace("m", block_size_tokens=2)
+
+
+def test_block_hashes_match_hand_computed_chain():
+    seed = hashlib.blake2b(b"m\x1fmain\x1f\x1f2\x1fbf16-tp1\x1f", digest_size=8).digest()
+    h0 = hashlib.blake2b(seed + bytes([1, 0, 0, 0, 2, 0, 0, 0]), digest_size=8).digest()
+    h1 = hashlib.blake2b(h0 + bytes([3, 0, 0, 0, 0, 1, 0, 0]), digest_size=8).digest()
+    # five tokens in blocks of two: the partial last block [9] is not hashed
+    assert block_hashes_for([1, 2, 3, 256, 9], 2, NS) == (int.from_bytes(h0, "big"), int.from_bytes(h1, "big"))
+
+
+def test_block_hashes_chain_prefixes_and_separate_namespaces():
+    tokens = list(range(40))
+    full = block_hashes_for(tokens, 8, NS)
+    assert len(full) == 5 and all(0 <= h < 2**64 for h in full)
+    assert block_hashes_for(tokens[:24], 8, NS) == full[:3]  # a prefix's hashes are a prefix
+    assert block_hashes_for([99] + tokens[1:], 8, NS)[1] != full[1]  # chained: block 0 changes block 1
+    for other in (Namespace("m", adapter="lora-a"), Namespace("m", cache_salt="tenant-1"), Namespace("m2")):
+        assert set(block_hashes_for(tokens, 8, other)).isdisjoint(full)
+    assert block_hashes_for(tokens[:7], 8, NS) == ()
+    assert block_hashes_for(tokens, 8, Namespace("m\ud800")) != full  # lone surrogates hash, no crash
+    with pytest.raises(ValueError, match="block_size_tokens = 0"):
+        block_hashes_for(tokens, 0, NS)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.8.0.1", True), ("::1", True), ("localhost", True), ("0.0.0.0", False)]
+    + [("10.0.0.5", False), ("::", False), ("example.com", False)],
+)
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_settings_refuse_open_non_loopback_and_bad_names(tmp_path):
+    db = tmp_path / "log.duckdb"
+    with pytest.raises(ValidationError, match="host = '0.0.0.0' is not a loopback address and no token file"):
+        ServiceSettings(db_path=db, host="0.0.0.0")
+    assert ServiceSettings(db_path=db, host="0.0.0.0", insecure=True).insecure
+    assert ServiceSettings(db_path=db, host="0.0.0.0", token_file=tmp_path / "t").token_file
+    with pytest.raises(ValidationError, match="policy = 'oracle', expected one of"):
+        ServiceSettings(db_path=db, policy="oracle")
+    with pytest.raises(ValidationError, match="gpu_default = 'tpu'"):
+        ServiceSettings(db_path=db, gpu_default="tpu")
+    with pytest.raises(ValidationError, match="model = 'gpt'"):
+        ServiceSettings(db_path=db, model="gpt")
+
+
+def test_decision_store_is_a_bounded_lru(tmp_path):
+    with TestClient(create_app(settings_for(tmp_path, max_decisions=3))) as client:
+        for request_id in range(5):
+            assert client.post("/v1/route", json=make_body(request_id=request_id), headers=AUTH).status_code == 200
+        assert client.app.state.service.decisions_in_memory() == 3
+        for request_id, status in ((0, 404), (1, 404), (2, 200), (4, 200)):
+            observed = client.post("/v1/observe", json={"request_id": request_id, "ttft_s": 0.1}, headers=AUTH)
+            assert observed.status_code == status, request_id
+
+
+def test_restart_reloads_decisions_from_the_log(tmp_path):
+    settings = settings_for(tmp_path)
+    with TestClient(create_app(settings)) as client:
+        first_run = client.post("/v1/route", json=make_body(request_id=1), headers=AUTH).json()["run_id"]
+        client.post("/v1/route", json=make_body(request_id=2), headers=AUTH)
+        client.post("/v1/observe", json={"request_id": 1, "ttft_s": 0.1}, headers=AUTH)
+    with TestClient(create_app(settings)) as client:
+        assert client.app.state.service.run_id != first_run
+        again = client.post("/v1/observe", json={"request_id": 1, "ttft_s": 0.1}, headers=AUTH).json()
+        assert (again["status"], again["run_id"]) == ("duplicate", first_run)
+        late = client.post("/v1/observe", json={"request_id": 2, "ttft_s": 0.2}, headers=AUTH).json()
+        assert (late["status"], late["run_id"], late["worker_id"]) == ("recorded", first_run, 1)
+        assert client.post("/v1/route", json=make_body(request_id=2), headers=AUTH).status_code == 409
+    with duckdb.connect(str(settings.db_path), read_only=True) as con:
+        got = con.execute("SELECT run_id, request_id, arrival_s, actual_ttft_s FROM requests ORDER BY 2").fetchall()
+        runs = con.execute("SELECT count(*) FROM runs WHERE configuration = 'serve'").fetchall()
+    assert [(g[0], g[1], g[3]) for g in got] == [(first_run, 1, 0.1), (first_run, 2, 0.2)]
+    assert got[0][2] is not None and got[1][2] is None  # candidates do not store the arrival of a reloaded decision
+    assert runs == [(2,)]
+
+
+def _row(run_id, request_id):
+    return (
+        {"run_id": [run_id], "t_s": [float(request_id)], "worker_id": [request_id % 3]}
+        | {
+            name: [1]
+            for name in ("waiting_requests", "running_requests", "queued_prefill_tokens", "idle_cached_blocks")
+        }
+        | {"kv_usage": [0.5]}
+    )
+
+
+def test_log_writer_commits_concurrent_writes_in_groups_and_survives_a_failed_batch(tmp_path):
+    store = LogStore(tmp_path / "log.duckdb").open()
+    metrics = ServiceMetrics()
+    rolled = []
+    writer = LogWriter(store, metrics, roll=lambda: rolled.append(True), roll_interval_s=3600)
+    writer.start()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = list(pool.map(lambda i: writer.submit("worker_samples", _row("r", i)), range(400)))
+    assert [f.result(timeout=10) for f in futures] == [1] * 400
+    assert writer.batches < 400  # group commit: writes that queue together share a transaction
+    bad = writer.submit("worker_samples", _row("r", 0) | {"colour": ["red"]})
+    with pytest.raises(ValueError, match="unexpected \\['colour'\\]"):
+        bad.result(timeout=10)
+    assert writer.last_error.startswith("ValueError: columns for worker_samples")
+    assert writer.submit("worker_samples", _row("r", 1000)).result(timeout=10) == 1
+    assert writer.last_error is None
+    writer.stop()
+    assert rolled == [True]  # a last roll on stop
+    assert store.connection.execute("SELECT count(*), sum(t_s) FROM worker_samples").fetchall() == [
+        (401, sum(range(400)) + 1000.0)
+    ]
+    assert metrics.log_write_errors._value.get() == 1
+    store.close()
+
+
+def test_log_writer_merges_array_and_list_columns_into_one_batch(tmp_path):
+    store = LogStore(tmp_path / "log.duckdb").open()
+    writer = LogWriter(store, ServiceMetrics())
+    writes = [
+        _Write("worker_samples", _row("a", 1)),
+        _Write("worker_samples", {k: np.asarray(v) for k, v in _row("b", 2).items()}),
+    ]
+    writer._commit(writes)  # what the thread does with one batch
+    assert [w.future.result(timeout=0) for w in writes] == [1, 1] and writer.batches == 1
+    got = store.connection.execute("SELECT run_id, t_s, worker_id FROM worker_samples ORDER BY t_s").fetchall()
+    assert got == [("a", 1.0, 1), ("b", 2.0, 2)]
+    store.close()
+
+
+def test_reason_kind_is_low_cardinality():
+    assert reason_kind("least outstanding work 1234 tokens") == "least outstanding work"
+    assert reason_kind("round robin") == "round robin"
+    assert reason_kind("cache hit: 0.8 > 0.3 → best-match worker 2") == "cache hit"
+    assert (
+        reason_kind("no prefix match → least-request worker 3 (4 running)") == "no prefix match → least-request worker"
+    )
+    assert reason_kind("7 ms") == "other"
+    metrics = ServiceMetrics()
+    for i in range(100):
+        metrics.count_decision("p", f"kind{chr(65 + i % 26)}{chr(65 + i // 26)} x")
+    kinds = {s.labels["reason_kind"] for m in metrics.decisions.collect() for s in m.samples}
+    assert len(kinds) == 65 and "other" in kinds
+
+
+@pytest.mark.slow
+def test_real_empty_mlflow_registry_degrades_to_analytic(tmp_path):
+    from tests.serving.test_api import wait_ready
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with TestClient(create_app(settings_for(tmp_path, mlflow_uri=uri))) as client:
+        degraded = wait_ready(client, "degraded", attempts=3000)
+        assert degraded["reason"].startswith("champion not loaded (LookupError: no kvcost-terms version with alias")
+        assert degraded["model"] == "analytic"
+        models = client.get("/v1/models").json()
+        assert (models["registry_uri"], models["registry_error"], models["versions"]) == (uri, None, [])
+        assert client.post("/v1/score", json=make_body()).json()["model"] == "analytic"
+
+
+def test_racing_observations_of_one_id_record_one_row(tmp_path):
+    import asyncio
+
+    from kvcost.serving.schemas import ObservationIn, ScoreRequestIn
+    from kvcost.serving.service import ScoringService
+
+    settings = settings_for(tmp_path, token=False)
+    service = ScoringService(settings)
+    service.start()
+    try:
+        service.route(ScoreRequestIn.model_validate(make_body(request_id=8)))
+        observation = ObservationIn(request_id=8, ttft_s=0.3)
+
+        async def race():
+            return await asyncio.gather(*(service.observe(observation) for _ in range(5)))
+
+        statuses = sorted(r.status for r in asyncio.run(race()))
+    finally:
+        service.stop()
+    assert statuses == ["duplicate"] * 4 + ["recorded"]
+    with duckdb.connect(str(settings.db_path), read_only=True) as con:
+        assert con.execute("SELECT request_id, actual_ttft_s FROM requests").fetchall() == [(8, 0.3)]
