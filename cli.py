@@ -390,6 +390,9 @@ def serve(
     block_size_tokens: Annotated[int, typer.Option(help="KV block size of a request namespace without one.")] = 512,
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies are refused with 413.")] = 16 * 2**20,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    kv_events: Annotated[
+        list[str] | None, typer.Option(help="vLLM KV event stream WORKER=tcp://HOST:PORT; repeatable.")
+    ] = None,
 ) -> None:
     """Run the scoring API (POST /v1/score, /v1/route, /v1/observe …) on uvicorn until interrupted."""
     import uvicorn
@@ -411,6 +414,7 @@ def serve(
                 model=model,
                 gpu_default=gpu,
                 block_size_tokens=block_size_tokens,
+                kv_events=kv_events or [],
                 policy=policy,
                 max_body_bytes=max_body_bytes,
             )

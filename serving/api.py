@@ -43,6 +43,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvcost.serving.directory import Namespace
+from kvcost.serving.kv_events import KVEventIngestor
+from kvcost.serving.kv_subscriber import KVEventSource, KVEventSubscriber
 from kvcost.serving.schemas import (
     MAX_ID,
     HealthResponse,
@@ -64,6 +67,7 @@ from kvcost.serving.service import (
     ScoringService,
     ServiceSettings,
     UnknownRequestError,
+    parse_kv_event_source,
     read_token,
 )
 
@@ -280,6 +284,16 @@ def _status_handler(status: int):
 # -------------------------------------------------------------------------- factory
 
 
+def kv_event_subscriber(settings: ServiceSettings, service: ScoringService) -> KVEventSubscriber | None:
+    """A subscriber feeding ``settings.kv_events`` into the service's directory (under its lock), or None."""
+    if not settings.kv_events:
+        return None
+    namespace = Namespace(settings.model, block_size_tokens=settings.block_size_tokens)
+    ingestor = KVEventIngestor(service.directory, lambda worker_id: namespace)
+    sources = [KVEventSource(w, endpoint) for w, endpoint in map(parse_kv_event_source, settings.kv_events)]
+    return KVEventSubscriber(ingestor, sources, clock=service.clock, lock=service.lock)
+
+
 def create_app(settings: ServiceSettings, service: ScoringService | None = None) -> FastAPI:
     """Build the API around a :class:`ScoringService` (default: one built from ``settings``).
 
@@ -295,6 +309,10 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service.start()
+        subscriber = kv_event_subscriber(settings, service)
+        if subscriber is not None:
+            subscriber.start()
+        app.state.kv_subscriber = subscriber
         loading = asyncio.create_task(service.load_model())
         try:
             yield
@@ -302,6 +320,8 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await loading
+            if subscriber is not None:
+                subscriber.stop()
             service.stop()
 
     app = FastAPI(

@@ -88,6 +88,7 @@ class KVEventSubscriber:
         replay_timeout_s: float = 0.5,
         poll_interval_s: float = 0.05,
         context: zmq.Context | None = None,
+        lock: threading.Lock | None = None,
     ) -> None:
         if not sources:
             raise ValueError("sources is empty, expected at least one KVEventSource")
@@ -103,7 +104,7 @@ class KVEventSubscriber:
                 raise ValueError("the ingestor already has a replay callback")
             ingestor.replay = self._replay
         self.ingestor = ingestor
-        self.lock = threading.Lock()
+        self.lock = lock if lock is not None else threading.Lock()
         self.unknown_topic_messages = 0
         self.bound_endpoint: str | None = None
         self._sources = tuple(sources)

@@ -194,6 +194,11 @@ class ServiceSettings(BaseModel):
         60.0, ge=0, description="roll the log into Parquet segments for readers (kvcost retrain) this often; 0 = never"
     )
     run_id: str | None = Field(None, max_length=128, description="log run id; None = serve-<UTC time>-<random>")
+    kv_events: list[str] = Field(
+        default_factory=list,
+        description="vLLM KV event streams, WORKER=tcp://HOST:PORT (one per engine); their blocks fill the "
+        "directory in the namespace (model, block size) of these settings",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServiceSettings:
@@ -204,12 +209,26 @@ class ServiceSettings(BaseModel):
         usable = [p for p in ROUTER_POLICIES.names() if p not in REPLAY_ONLY_POLICIES]
         if self.policy not in usable:
             raise ValueError(f"policy = {self.policy!r}, expected one of {', '.join(usable)}")
+        for spec in self.kv_events:
+            parse_kv_event_source(spec)
         if not is_loopback(self.host) and self.token_file is None and not self.insecure:
             raise ValueError(
                 f"host = {self.host!r} is not a loopback address and no token file is given: the write "
                 "endpoints would be open to the network; pass --token-file FILE (or --insecure)"
             )
         return self
+
+
+def parse_kv_event_source(spec: str) -> tuple[int, str]:
+    """Parse ``WORKER=tcp://HOST:PORT`` into ``(worker_id, endpoint)``.
+
+    Raises:
+        ValueError: naming the value and the expected form.
+    """
+    worker, sep, endpoint = spec.partition("=")
+    if not sep or not worker.strip().isdigit() or not endpoint.startswith(("tcp://", "ipc://")):
+        raise ValueError(f"kv_events entry {spec!r}, expected WORKER=tcp://HOST:PORT such as '0=tcp://10.0.0.5:5557'")
+    return int(worker), endpoint
 
 
 def read_token(path: Path) -> str:
