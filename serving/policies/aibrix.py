@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvcost.serving.policies.base import ROUTER_POLICIES, PolicyContext
+from kvcost.serving.policies.base import ROUTER_POLICIES, PolicyContext, random_among_ties
 
 #: Running-request spread above which load is imbalanced: ``..._IMBALANCE_ABS_COUNT`` as
 #: shipped in the Helm chart and README (the Go fallback default is 8).
@@ -207,8 +207,7 @@ class AIBrixPrefixCachePolicy:
         return self.index
 
     def _least_request(self, load: np.ndarray) -> int:
-        ties = np.flatnonzero(load == load.min())
-        return int(ties[0]) if ties.size == 1 else int(self._rng.choice(ties))
+        return random_among_ties(load, self._rng)[0]
 
     def choose(self, ctx: PolicyContext) -> tuple[int, str]:
         """Least-request if imbalanced; else the best-matching pod within mean + kσ; else least-request."""

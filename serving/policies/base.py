@@ -77,6 +77,20 @@ def argmin_stable(values: np.ndarray, mask: np.ndarray | None = None) -> int:
     return int(np.argmin(values))
 
 
+def random_among_ties(values: np.ndarray, rng: np.random.Generator) -> tuple[int, int]:
+    """Index of the smallest value, uniformly random among ties (as Dynamo, llm-d and AIBrix pick).
+
+    The generator is drawn from only when there is a tie, so a policy's random
+    stream advances exactly as often as its source's would.
+
+    Returns:
+        ``(index, number of tied candidates)``.
+    """
+    ties = np.flatnonzero(values == values.min())
+    index = int(ties[0]) if ties.size == 1 else int(rng.choice(ties))
+    return index, int(ties.size)
+
+
 def make_policy(name: str) -> RouterPolicy:
     """A fresh instance of the policy registered as ``name`` (KeyError lists known names)."""
     return ROUTER_POLICIES.get(name)()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcost.serving.policies.base import ROUTER_POLICIES, PolicyContext
+from kvcost.serving.policies.base import ROUTER_POLICIES, PolicyContext, random_among_ties
 from kvcost.serving.types import WorkerSnapshot
 
 #: Credit per GPU (device) overlap block; ``overlap_score_credit`` in config.rs (valid range [0, 1]).
@@ -210,9 +210,8 @@ class DynamoKvPolicy:
         costs = self.costs(ctx)
         cost = costs.cost_blocks
         if self.router_temperature == 0:
-            ties = np.flatnonzero(cost == cost.min())
-            index = int(ties[0]) if ties.size == 1 else int(self._rng.choice(ties))
-            how = "lowest cost" if ties.size == 1 else f"lowest cost (random among {ties.size} tied)"
+            index, tied = random_among_ties(cost, self._rng)
+            how = "lowest cost" if tied == 1 else f"lowest cost (random among {tied} tied)"
         else:
             probabilities = softmax_probabilities(cost, self.router_temperature)
             cumulative = np.cumsum(probabilities)

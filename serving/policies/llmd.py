@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcost.serving.policies.base import ROUTER_POLICIES, PolicyContext
+from kvcost.serving.policies.base import ROUTER_POLICIES, PolicyContext, random_among_ties
 
 #: prefix-cache-scorer weight in the default profile (epplib ``default-plugins.yaml``).
 DEFAULT_PREFIX_CACHE_WEIGHT = 3.0
@@ -140,9 +140,8 @@ class LlmdDefaultPolicy:
     def choose(self, ctx: PolicyContext) -> tuple[int, str]:
         """Highest weighted score; uniform random among ties."""
         scores = self.scores(ctx)
-        ties = np.flatnonzero(scores.total == scores.total.max())
-        index = int(ties[0]) if ties.size == 1 else int(self._rng.choice(ties))
-        how = "max score" if ties.size == 1 else f"max score (random among {ties.size} tied)"
+        index, tied = random_among_ties(-scores.total, self._rng)
+        how = "max score" if tied == 1 else f"max score (random among {tied} tied)"
         snapshot = ctx.snapshots[index]
         reason = (
             f"{how} {scores.total[index]:.3f} = {self.prefix_cache_weight:g}×prefix {scores.prefix[index]:.3f} "
