@@ -25,7 +25,7 @@ from kvcost.calibration.conformal import SplitConformal
 from kvcost.calibration.isotonic import IsotonicCalibrator
 from kvcost.data.segments import connect_segments
 from kvcost.features.spec import FEATURE_NAMES, feature_spec_hash
-from kvcost.models.composition import TERMS, compose_ttft_s
+from kvcost.models.composition import TERMS
 from kvcost.models.predictors import make_term_predictor
 from kvcost.models.term_set import TermModelSet
 
@@ -123,11 +123,6 @@ def error_metrics(predicted_s: np.ndarray, actual_s: np.ndarray) -> dict[str, fl
     return {"mae_s": float(err.mean()), "p90_abs_error_s": float(np.quantile(err, 0.9)), "mape": mape}
 
 
-def compose_matrix(term_predictions: dict[str, np.ndarray]) -> np.ndarray:
-    """TTFT on the critical path from per-term arrays keyed by TERMS."""
-    return compose_ttft_s(*(term_predictions[t] for t in TERMS))
-
-
 def prediction_block(db: str | Path, run_ids: Sequence[str], predictor: str = "lightgbm") -> dict:
     """``summary.json``'s ``prediction``: holdout MAE per term and TTFT, analytic vs learned, and coverage.
 
@@ -212,14 +207,14 @@ def evaluate(model_set: TermModelSet, holdout: pd.DataFrame) -> dict:
     """
     x = feature_matrix(holdout)
     learned = model_set.predict(x)
-    analytic = {t: make_term_predictor("analytic", t).fit(x, np.zeros(len(x))).predict_many(x) for t in TERMS}
+    analytic = TermModelSet.analytic().predict(x)
     calibrated = model_set.calibrate(learned)
     actual = {t: holdout[f"actual_{t}_s"].to_numpy() for t in (*TERMS, "ttft")}
     out: dict = {"learned": {}, "analytic": {}, "rows": len(holdout)}
     for term in TERMS:
         out["learned"][term] = error_metrics(getattr(learned, f"{term}_s"), actual[term])
-        out["analytic"][term] = error_metrics(analytic[term], actual[term])
+        out["analytic"][term] = error_metrics(getattr(analytic, f"{term}_s"), actual[term])
     out["learned"]["ttft"] = error_metrics(calibrated.p50_s, actual["ttft"])
-    out["analytic"]["ttft"] = error_metrics(compose_matrix(analytic), actual["ttft"])
+    out["analytic"]["ttft"] = error_metrics(analytic.ttft_s, actual["ttft"])
     out["coverage_90"] = float(np.mean(actual["ttft"] <= calibrated.p90_s))
     return out

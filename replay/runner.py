@@ -246,10 +246,13 @@ def _write_files(spec: RunSpec, summary: dict, results: dict[str, ReplayResult],
     plot_ttft_cdf(results, spec.out / "ttft_cdf.png", caption)
     plot_queues({k: r.worker_samples for k, r in results.items()}, spec.out / "queued_prefill_tokens.png", caption)
     plots = ["ttft_cdf.png", "queued_prefill_tokens.png"]
-    write_report_md(spec.out / "report.md", summary, _setup_lines(spec, results, run_ids), plots)
+    lines = _setup_lines(spec, results, run_ids, summary["hit_ratio_bound_infinite_cache"])
+    write_report_md(spec.out / "report.md", summary, lines, plots)
 
 
-def _setup_lines(spec: RunSpec, results: dict[str, ReplayResult], run_ids: dict[str, str]) -> list[str]:
+def _setup_lines(
+    spec: RunSpec, results: dict[str, ReplayResult], run_ids: dict[str, str], hit_ratio_bound: float
+) -> list[str]:
     t, c = spec.trace, spec.config
     spread = (
         f"arrivals spread uniformly (seed {c.seed}) inside the trace's {t.spread_bucket_s:.1f} s timestamp buckets"
@@ -267,7 +270,7 @@ def _setup_lines(spec: RunSpec, results: dict[str, ReplayResult], run_ids: dict[
         f"rate scale {t.rate_scale:g} (arrival times divided by it); {spread}",
         f"model {c.model}; fleet {', '.join(c.fleet)}; token budget {c.token_budget} per step",
         f"initial cache state: {cache}; directory lag {c.directory_lag_s:g} s; token hit ratio bound with an "
-        f"infinite shared cache {infinite_cache_hit_ratio(t):.1%}",
+        f"infinite shared cache {hit_ratio_bound:.1%}",
         f"ground truth beyond the router's model: per-step log-normal jitter σ={c.jitter_sigma:g}; stragglers: {slow}",
         f"seed {c.seed}; DuckDB log `{spec.db}`; {measured}",
     ]
