@@ -19,7 +19,7 @@ from kvcost.models.hardware import StepTimeModel
 
 if TYPE_CHECKING:
     from kvcost.serving.directory import DirectoryMatch
-    from kvcost.serving.types import RouteRequest, WorkerSnapshot
+    from kvcost.serving.types import ReusePlan, RouteRequest, WorkerSnapshot
 
 
 def build_features(
@@ -29,6 +29,7 @@ def build_features(
     reusable_tokens: Sequence[int],
     step_models: Mapping[str, StepTimeModel],
     costs: NominalCosts,
+    plans: Sequence[ReusePlan] | None = None,
 ) -> np.ndarray:
     """Feature matrix for one request over its candidates.
 
@@ -38,7 +39,9 @@ def build_features(
         matches: directory match per candidate.
         reusable_tokens: reusable prefix per candidate, tokens (see ``reusable_tokens_for``).
         step_models: nominal step-time model per GPU type name.
-        costs: nominal lookup and first-token costs.
+        costs: nominal lookup, first-token and link costs.
+        plans: per candidate, where the reusable prefix comes from (GPU, lower tiers,
+            a transfer); None = all of it is GPU-resident (no tiers, no transfers).
 
     Returns:
         float64 array of shape ``(n_candidates, len(FEATURE_SPEC))``, columns in
@@ -47,14 +50,34 @@ def build_features(
     Raises:
         KeyError: a snapshot's GPU type has no step model.
     """
+    plans = plans if plans is not None else [None] * len(snapshots)
     rows = [
-        _row(request, snap, match, int(reuse), step_models[snap.gpu], costs)
-        for snap, match, reuse in zip(snapshots, matches, reusable_tokens, strict=True)
+        _row(request, snap, match, int(reuse), step_models[snap.gpu], costs, plan)
+        for snap, match, reuse, plan in zip(snapshots, matches, reusable_tokens, plans, strict=True)
     ]
     return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
 
 
-def _row(request, snap, match, reuse: int, step_model: StepTimeModel, costs: NominalCosts) -> list[float]:
+def _plan_bytes(plan: ReusePlan | None, block_bytes: int) -> tuple[int, int, int]:
+    """``(load_bytes, disk_load_bytes, transfer_bytes)`` of a plan (zeros without one)."""
+    if plan is None:
+        return 0, 0, 0
+    return plan.loaded_blocks * block_bytes, plan.disk_blocks * block_bytes, plan.fetch_blocks * block_bytes
+
+
+def _tier_code(match, plan: ReusePlan | None, reuse: int) -> int:
+    """Code of the slowest place the reusable prefix comes from (``TIER_CODES``); 0 without reuse."""
+    if reuse <= 0:
+        return 0
+    if plan is None:
+        return TIER_CODES[match.tier]
+    for tier, blocks in (("remote", plan.fetch_blocks), ("disk", plan.disk_blocks), ("cpu", plan.cpu_blocks)):
+        if blocks:
+            return TIER_CODES[tier]
+    return TIER_CODES["gpu"]
+
+
+def _row(request, snap, match, reuse: int, step_model: StepTimeModel, costs: NominalCosts, plan) -> list[float]:
     uncached = request.input_tokens - reuse
     blocks = len(request.block_hashes)
     queue_s, prefill_s = queue_and_prefill_s(
@@ -74,13 +97,22 @@ def _row(request, snap, match, reuse: int, step_model: StepTimeModel, costs: Nom
     kv_wait = kv_wait_s(
         deficit, snap.decode_context_tokens, block_size, snap.recent_step_s, costs.expected_decode_tokens
     )
+    block_bytes = step_model.model.kv_bytes_per_token * block_size
+    load_bytes, disk_bytes, transfer_bytes = _plan_bytes(plan, block_bytes)
+    conversion = plan.conversion_factor if plan is not None else 0.0
+    lookup_s = costs.lookup_s(blocks) + costs.load_s(load_bytes, disk_bytes, snap.load_backlog_s)
+    transfer_s = costs.transfer_s(transfer_bytes, snap.transfer_backlog_s)
+    transfer_s += conversion * costs.network.duration_s(transfer_bytes)
     return [
         request.input_tokens,
         blocks,
         reuse,
         uncached,
-        TIER_CODES[match.tier] if reuse > 0 else 0,
+        _tier_code(match, plan, reuse),
         age_s,
+        load_bytes,
+        disk_bytes,
+        transfer_bytes,
         snap.waiting_requests,
         snap.running_requests,
         snap.queued_prefill_tokens,
@@ -94,8 +126,11 @@ def _row(request, snap, match, reuse: int, step_model: StepTimeModel, costs: Nom
         snap.oldest_waiting_s,
         kv_wait,
         ratio,
+        snap.load_backlog_s,
+        snap.transfer_backlog_s,
         queue_s,
-        costs.lookup_s(blocks),
+        lookup_s,
+        transfer_s,
         prefill_s,
         costs.first_token_s,
     ]

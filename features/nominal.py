@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvcost.models.hardware import StepTimeModel
+from kvcost.models.links import CPU_TO_GPU, DISK_TO_CPU, NETWORK, LinkSpec
 
 #: Prefix lookup + block allocation fixed cost per request (assumption, ~0.2 ms of scheduler CPU).
 DEFAULT_LOOKUP_BASE_S = 2e-4
@@ -43,12 +44,16 @@ class NominalCosts:
         lookup_base_s, lookup_per_block_s: prefix lookup and preparation, seconds.
         first_token_s: sampling, detokenisation and network after the last chunk, seconds.
         expected_decode_tokens: remaining output tokens of a decoding request (≥ 0).
+        cpu_to_gpu, disk_to_cpu, network: the links KV moves over (``kvcost.models.links``).
     """
 
     lookup_base_s: float = DEFAULT_LOOKUP_BASE_S
     lookup_per_block_s: float = DEFAULT_LOOKUP_PER_BLOCK_S
     first_token_s: float = DEFAULT_FIRST_TOKEN_S
     expected_decode_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS
+    cpu_to_gpu: LinkSpec = CPU_TO_GPU
+    disk_to_cpu: LinkSpec = DISK_TO_CPU
+    network: LinkSpec = NETWORK
 
     def __post_init__(self) -> None:
         for name in ("lookup_base_s", "lookup_per_block_s", "first_token_s", "expected_decode_tokens"):
@@ -59,6 +64,27 @@ class NominalCosts:
     def lookup_s(self, request_blocks: int) -> float:
         """Lookup and preparation of a GPU-resident prefix for a request of ``request_blocks`` full blocks."""
         return self.lookup_base_s + self.lookup_per_block_s * request_blocks
+
+    def load_s(self, load_bytes: float, disk_bytes: float, backlog_s: float = 0.0) -> float:
+        """Loading a prefix into GPU memory from lower tiers: disk → CPU, then CPU → GPU.
+
+        Args:
+            load_bytes: bytes copied CPU → GPU (every non-GPU block, disk ones included), ≥ 0.
+            disk_bytes: the part read from local disk first, ≥ 0.
+            backlog_s: wait for the CPU → GPU link to free up (transfers queued ahead), ≥ 0.
+
+        Returns:
+            Seconds; 0 when nothing is loaded.
+        """
+        if load_bytes <= 0:
+            return 0.0
+        return backlog_s + self.disk_to_cpu.duration_s(disk_bytes) + self.cpu_to_gpu.duration_s(load_bytes)
+
+    def transfer_s(self, transfer_bytes: float, backlog_s: float = 0.0) -> float:
+        """Fetching ``transfer_bytes`` from another worker or the remote store over the network (0 for none)."""
+        if transfer_bytes <= 0:
+            return 0.0
+        return backlog_s + self.network.duration_s(transfer_bytes)
 
 
 def kv_wait_s(

@@ -46,6 +46,9 @@ FEATURE_SPEC: tuple[Feature, ...] = (
     Feature("uncached_tokens", "BIGINT", "tokens", "input_tokens - reusable_tokens"),
     Feature("reusable_tier", "BIGINT", "code", "directory: tier of the match, TIER_CODES"),
     Feature("directory_age_s", "DOUBLE", "s", "directory: time since the worker's last event, −1 if never"),
+    Feature("load_bytes", "BIGINT", "bytes", "plan: prefix bytes copied CPU → GPU (lower tiers, fetched)"),
+    Feature("disk_load_bytes", "BIGINT", "bytes", "plan: part of load_bytes read from local disk first"),
+    Feature("transfer_bytes", "BIGINT", "bytes", "plan: prefix bytes fetched over the network"),
     # candidate worker snapshot
     Feature("waiting_requests", "BIGINT", "requests", "worker: requests not finished prefill"),
     Feature("running_requests", "BIGINT", "requests", "worker: requests in decode"),
@@ -60,9 +63,12 @@ FEATURE_SPEC: tuple[Feature, ...] = (
     Feature("oldest_waiting_s", "DOUBLE", "s", "worker: wait so far of its oldest unadmitted request"),
     Feature("kv_wait_estimate_s", "DOUBLE", "s", "worker: deficit blocks / rate decoders free blocks"),
     Feature("recent_step_ratio", "DOUBLE", "ratio", "worker: last step time / profile's time (1 if unknown)"),
+    Feature("load_backlog_s", "DOUBLE", "s", "worker: wait for its CPU → GPU link"),
+    Feature("transfer_backlog_s", "DOUBLE", "s", "worker: wait for its inbound network link"),
     # nominal times from the GPU type's measured profile (features/nominal.py)
     Feature("nominal_queue_s", "DOUBLE", "s", "profile: time until this request's first chunk"),
-    Feature("nominal_lookup_s", "DOUBLE", "s", "profile: prefix lookup and preparation"),
+    Feature("nominal_lookup_s", "DOUBLE", "s", "profile: prefix lookup and preparation (tier loads)"),
+    Feature("nominal_transfer_s", "DOUBLE", "s", "links: network fetch of the prefix, backlog included"),
     Feature("nominal_prefill_s", "DOUBLE", "s", "profile: first chunk start to last chunk end"),
     Feature("nominal_first_token_s", "DOUBLE", "s", "profile: sampling, detokenise, network"),
 )

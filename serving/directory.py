@@ -292,11 +292,27 @@ class CacheDirectory:
                     tree[block_hash] = {holders >> _TIER_BITS: holders & _MASK, worker_id: bit}
         self._last_event_s[worker_id] = now_s
 
-    def apply_removed(self, namespace: Namespace, worker_id: int, block_hashes: Iterable[int], now_s: float) -> None:
-        """Record that ``worker_id`` dropped ``block_hashes`` (every tier); nodes with no holder left are deleted."""
+    def apply_removed(
+        self,
+        namespace: Namespace,
+        worker_id: int,
+        block_hashes: Iterable[int],
+        now_s: float,
+        tier: str | None = None,
+    ) -> None:
+        """Record that ``worker_id`` dropped ``block_hashes``; nodes with no holder left are deleted.
+
+        Args:
+            tier: drop only this tier (the worker may still hold the block in another);
+                ``None`` drops every tier.
+
+        Raises:
+            ValueError: unknown tier name.
+        """
+        clear_mask = _clear_mask(tier)
         tree = self._trees.get(namespace)
         if tree is not None:
-            _drop(tree, worker_id, block_hashes, _MASK)
+            _drop(tree, worker_id, block_hashes, clear_mask)
         self._last_event_s[worker_id] = now_s
 
     def apply_removed_everywhere(
@@ -314,12 +330,7 @@ class CacheDirectory:
         Raises:
             ValueError: unknown tier name.
         """
-        if tier is None:
-            clear_mask = _MASK
-        elif tier in _TIER_BIT:
-            clear_mask = _TIER_BIT[tier]
-        else:
-            raise ValueError(f"tier = {tier!r}, expected one of gpu, cpu, disk, remote")
+        clear_mask = _clear_mask(tier)
         namespaces = self._namespaces_of.get(worker_id, ())
         if len(namespaces) == 1:
             (namespace,) = namespaces
@@ -467,6 +478,44 @@ class CacheDirectory:
             )
         return result
 
+    def match_tiers(
+        self, namespace: Namespace, block_hashes: Sequence[int], worker_ids: Sequence[int]
+    ) -> dict[int, tuple[int, int, int]]:
+        """Leading blocks of ``block_hashes`` each worker holds, by how deep a tier it may read them from.
+
+        For a tiered worker (GPU backed by CPU DRAM and disk), block ``k`` can be
+        reused if it sits in any of the worker's tiers; what it costs depends on
+        which. Walks block by block (no run skipping), so it costs one dictionary
+        read per block; use :meth:`match` when tiers do not matter.
+
+        Args:
+            block_hashes: the request's full-block hashes, in prompt order.
+            worker_ids: workers (or the remote store's id) to report.
+
+        Returns:
+            ``{worker_id: (gpu_blocks, cpu_blocks, any_blocks)}``: leading blocks held
+            in the GPU tier; in the GPU or CPU tier; in any tier. Non-decreasing;
+            ``(0, 0, 0)`` for a worker holding nothing.
+        """
+        tree = self._trees.get(namespace, {})
+        limits = (_TIER_BIT["gpu"], _TIER_BIT["gpu"] | _TIER_BIT["cpu"], _MASK)
+        depth = {worker_id: [0, 0, 0] for worker_id in worker_ids}
+        open_levels = {worker_id: [0, 1, 2] for worker_id in worker_ids}
+        for i, block_hash in enumerate(block_hashes):
+            holders = tree.get(block_hash)
+            if holders is None or not open_levels:
+                break
+            for worker_id in list(open_levels):
+                mask = _mask_of(holders, worker_id)
+                levels = [level for level in open_levels[worker_id] if mask & limits[level]]
+                for level in levels:
+                    depth[worker_id][level] = i + 1
+                if levels:
+                    open_levels[worker_id] = levels
+                else:
+                    del open_levels[worker_id]
+        return {worker_id: tuple(d) for worker_id, d in depth.items()}
+
     def holders(self, namespace: Namespace, block_hash: int) -> dict[int, tuple[str, ...]]:
         """Workers holding ``block_hash`` in ``namespace``, each with its tiers (fastest first)."""
         holders = self._trees.get(namespace, {}).get(block_hash)
@@ -481,6 +530,22 @@ class CacheDirectory:
         if namespace is not None:
             return len(self._trees.get(namespace, {}))
         return sum(len(tree) for tree in self._trees.values())
+
+
+def _mask_of(holders: _Holders, worker_id: int) -> int:
+    """Tier mask of ``worker_id`` in a block's holders (0 when it does not hold the block)."""
+    if type(holders) is dict:
+        return holders.get(worker_id, 0)
+    return holders & _MASK if holders >> _TIER_BITS == worker_id else 0
+
+
+def _clear_mask(tier: str | None) -> int:
+    """Tier bits to clear for ``tier`` (every bit for ``None``); ValueError for an unknown name."""
+    if tier is None:
+        return _MASK
+    if tier not in _TIER_BIT:
+        raise ValueError(f"tier = {tier!r}, expected one of gpu, cpu, disk, remote")
+    return _TIER_BIT[tier]
 
 
 def _drop(tree: dict[int, _Holders], worker_id: int, block_hashes: Iterable[int], clear_mask: int) -> None:

@@ -57,6 +57,10 @@ class WorkerSnapshot:
         oldest_waiting_s: how long the oldest not-yet-admitted request has waited.
         recent_step_nominal_s: what the GPU type's profile predicts for the last
             step's batch; ``recent_step_s`` ÷ this exposes stragglers. 0 if unknown.
+        load_backlog_s: time until the worker's CPU → GPU link is free (KV loads queued), ≥ 0.
+        transfer_backlog_s: time until its inbound network link is free (transfers queued), ≥ 0.
+        namespace: the KV namespace the worker serves (model, revision, adapter,
+            block size, KV layout, cache salt); None = compatible with any request.
     """
 
     worker_id: int
@@ -72,6 +76,9 @@ class WorkerSnapshot:
     waiting_prompt_blocks: int = 0
     oldest_waiting_s: float = 0.0
     recent_step_nominal_s: float = 0.0
+    load_backlog_s: float = 0.0
+    transfer_backlog_s: float = 0.0
+    namespace: Namespace | None = None
 
     @property
     def waiting_requests(self) -> int:
@@ -82,6 +89,46 @@ class WorkerSnapshot:
     def queued_prefill_tokens(self) -> int:
         """Prefill tokens left in the queue."""
         return sum(remaining for remaining, _ in self.waiting_prefill)
+
+
+#: Where a candidate's reusable prefix would come from (``ReusePlan.option``).
+REUSE_OPTIONS: tuple[str, ...] = ("local", "fetch")
+
+
+@dataclass(frozen=True, slots=True)
+class ReusePlan:
+    """Where one candidate's reusable prefix comes from, block counts in prompt order.
+
+    The prefix is ``gpu_blocks`` already in GPU memory, then ``cpu_blocks`` and
+    ``disk_blocks`` loaded from the worker's own lower tiers, then
+    ``fetch_blocks`` moved over the network from ``source_id`` (another worker,
+    or the remote store) into the worker's CPU memory and loaded from there.
+
+    Attributes:
+        option: ``"local"`` (the worker's own tiers) or ``"fetch"`` (plus a transfer).
+        gpu_blocks, cpu_blocks, disk_blocks, fetch_blocks: ≥ 0.
+        source_id: where fetched blocks come from; None when ``fetch_blocks`` is 0.
+        conversion_factor: extra time of a KV-layout conversion, as a multiple of the
+            network transfer time (0 for an identical layout).
+    """
+
+    option: str
+    gpu_blocks: int
+    cpu_blocks: int = 0
+    disk_blocks: int = 0
+    fetch_blocks: int = 0
+    source_id: int | None = None
+    conversion_factor: float = 0.0
+
+    @property
+    def reusable_blocks(self) -> int:
+        """All blocks of the prefix, whatever their origin."""
+        return self.gpu_blocks + self.cpu_blocks + self.disk_blocks + self.fetch_blocks
+
+    @property
+    def loaded_blocks(self) -> int:
+        """Blocks copied into GPU memory at admission (lower tiers and fetched)."""
+        return self.cpu_blocks + self.disk_blocks + self.fetch_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +146,8 @@ class RouteDecision:
         features: float64 ``(n_candidates, len(FEATURE_SPEC))``.
         predictions: predicted terms per candidate.
         calibrated: calibrated TTFT per candidate when the cost model is learned, else None.
+        plans: per candidate, where its reusable prefix comes from (``()`` when the
+            router considers only GPU-resident prefixes).
     """
 
     request_id: int
@@ -111,3 +160,4 @@ class RouteDecision:
     features: np.ndarray
     predictions: TermPredictions
     calibrated: CalibratedTTFT | None = None
+    plans: tuple[ReusePlan, ...] = ()

@@ -2,9 +2,8 @@
 
 For term ``t`` it returns the feature column ``nominal_<t>_s`` (computed by
 :mod:`kvcost.features.nominal` from the GPU type's measured operator profile
-and the queued work), clipped to ≥ 0. A term without such a column predicts 0 s:
-today that is ``transfer`` (no KV transfer is modelled yet); a future
-``nominal_transfer_s`` feature is picked up without a change here.
+and the queued work), clipped to ≥ 0. Every term has such a column in today's spec (``nominal_transfer_s``
+is 0 unless the router plans a fetch); a spec without one predicts 0 s.
 
 It is the prior that the learned predictors improve on (they see the same
 ``nominal_*`` columns as inputs), so it needs no training: it is usable as

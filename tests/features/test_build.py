@@ -7,7 +7,8 @@ from kvcost.features.build import build_features
 from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 from kvcost.serving.directory import DirectoryMatch, Namespace
-from kvcost.serving.types import RouteRequest
+from kvcost.models.links import LinkSpec
+from kvcost.serving.types import ReusePlan, RouteRequest
 
 REQUEST = RouteRequest(
     request_id=7, arrival_s=3.0, input_tokens=1100, block_hashes=(1, 2), namespace=Namespace("linear")
@@ -42,7 +43,7 @@ def build(snapshots, matches, reusable, models):
 
 def test_shape_and_exact_columns(case):
     x = build(*case)
-    assert x.shape == (2, len(FEATURE_NAMES)) == (2, 23)
+    assert x.shape == (2, len(FEATURE_NAMES)) == (2, 29)
     assert x.dtype == np.float64
     # busy worker: 588 uncached tokens share one step with the 1000 queued (chunk 8190):
     # 1590 tokens × 1 µs + 1 ms overhead + 1000 decode context × 1 µs
@@ -57,6 +58,9 @@ def test_shape_and_exact_columns(case):
         "uncached_tokens": [588, 1100],
         "reusable_tier": [2, 0],
         "directory_age_s": [2.0, -1.0],  # never heard from → -1
+        "load_bytes": [0, 0],  # no plan: the prefix counts as GPU-resident
+        "disk_load_bytes": [0, 0],
+        "transfer_bytes": [0, 0],
         "waiting_requests": [1, 0],
         "running_requests": [2, 0],
         "queued_prefill_tokens": [1000, 0],
@@ -71,14 +75,46 @@ def test_shape_and_exact_columns(case):
         # 1 deficit block × 172 expected decode tokens × 0.02 s / max(1, 1000 / 512 held blocks)
         "kv_wait_estimate_s": [1 * 172 * 0.02 / (1000 / 512), 0.0],
         "recent_step_ratio": [1.25, 1.0],  # 0.02 / 0.016; unknown nominal → 1
+        "load_backlog_s": [0.0, 0.0],
+        "transfer_backlog_s": [0.0, 0.0],
         "nominal_queue_s": [0.005, 0.0],
         "nominal_lookup_s": [2.2e-4, 2.2e-4],
+        "nominal_transfer_s": [0.0, 0.0],
         "nominal_prefill_s": [busy_prefill_s, idle_prefill_s],
         "nominal_first_token_s": [2e-3, 2e-3],
     }
     assert list(expected) == list(FEATURE_NAMES)
     for name, column in expected.items():
         assert x[:, FEATURE_INDEX[name]].tolist() == pytest.approx(column), name
+
+
+def test_plans_price_tier_loads_and_transfers(linear_step_model, make_snapshot):
+    """Worker 0 loads 1 CPU + 1 disk block; worker 1 fetches 2 blocks over a busy network link."""
+    request = RouteRequest(0, 0.0, 1100, (1, 2), Namespace("linear"))
+    costs = NominalCosts(
+        cpu_to_gpu=LinkSpec(1e9, 0.001), disk_to_cpu=LinkSpec(1e8, 0.002), network=LinkSpec(1e9, 0.01)
+    )
+    plans = [
+        ReusePlan("local", gpu_blocks=0, cpu_blocks=1, disk_blocks=1),
+        ReusePlan("fetch", gpu_blocks=0, fetch_blocks=2, source_id=0, conversion_factor=0.5),
+    ]
+    snapshots = [make_snapshot(0, load_backlog_s=0.25), make_snapshot(1, transfer_backlog_s=0.5)]
+    matches = [DirectoryMatch(0, 2, "disk", 0.0), DirectoryMatch(1, 0, "none", 0.0)]
+    x = build_features(request, snapshots, matches, [1024, 1024], {"linear-gpu": linear_step_model}, costs, plans)
+    block_bytes = linear_step_model.model.kv_bytes_per_token * 512
+
+    def column(name):
+        return x[:, FEATURE_INDEX[name]].tolist()
+
+    assert column("load_bytes") == [2 * block_bytes, 2 * block_bytes]
+    assert column("disk_load_bytes") == [block_bytes, 0]
+    assert column("transfer_bytes") == [0, 2 * block_bytes]
+    assert column("reusable_tier") == [3, 4]  # disk; fetched from elsewhere = remote
+    lookup_s = 2.2e-4 + 0.25 + (0.002 + block_bytes / 1e8) + (0.001 + 2 * block_bytes / 1e9)
+    fetched_load_s = 2.2e-4 + 0.001 + 2 * block_bytes / 1e9  # no backlog on worker 1's PCIe link
+    assert column("nominal_lookup_s") == pytest.approx([lookup_s, fetched_load_s])
+    network_s = 0.01 + 2 * block_bytes / 1e9
+    assert column("nominal_transfer_s") == pytest.approx([0.0, 0.5 + 1.5 * network_s])  # backlog + ×1.5 conversion
 
 
 def test_tier_is_zero_without_reusable_tokens(linear_step_model, make_snapshot):

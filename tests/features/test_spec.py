@@ -5,7 +5,7 @@ from dataclasses import replace
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES, FEATURE_SPEC, TIER_CODES, feature_spec_hash
 
 #: Changing this literal is a schema change: trained models stop loading. Update it on purpose only.
-CURRENT_SPEC_HASH = "ed7c677d13154b07"
+CURRENT_SPEC_HASH = "cc9fd22ffead0566"
 
 
 def test_hash_is_stable():
@@ -33,9 +33,9 @@ def test_hash_ignores_descriptions():
 
 
 def test_names_index_and_dtypes():
-    assert len(FEATURE_SPEC) == 23
+    assert len(FEATURE_SPEC) == 29
     assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES)
-    assert [FEATURE_INDEX[n] for n in FEATURE_NAMES] == list(range(23))
+    assert [FEATURE_INDEX[n] for n in FEATURE_NAMES] == list(range(29))
     assert {f.dtype for f in FEATURE_SPEC} == {"BIGINT", "DOUBLE"}
     assert all(f.name.endswith("_s") for f in FEATURE_SPEC if f.unit == "s")
     assert TIER_CODES == {"none": 0, "gpu": 1, "cpu": 2, "disk": 3, "remote": 4}

@@ -49,6 +49,26 @@ def test_removal_keeps_other_holders_and_deletes_orphans():
     assert d.num_blocks() == 0
 
 
+def test_match_tiers_counts_leading_blocks_by_tier_depth():
+    d = CacheDirectory()
+    d.apply_stored(NS, 0, [1, 2], parent_hash=None, tier="gpu", now_s=0.0)
+    d.apply_stored(NS, 0, [1, 2, 3], parent_hash=None, tier="cpu", now_s=0.0)  # demoted copies
+    d.apply_stored(NS, 0, [4], parent_hash=3, tier="disk", now_s=0.0)
+    d.apply_stored(NS, -1, [1, 2, 3, 4, 5], parent_hash=None, tier="remote", now_s=0.0)  # the remote store
+    d.apply_stored(NS, 1, [2], parent_hash=None, tier="gpu", now_s=0.0)  # not a prefix: block 1 missing
+    assert d.match_tiers(NS, [1, 2, 3, 4, 5, 6], [0, 1, -1, 2]) == {
+        0: (2, 3, 4),
+        1: (0, 0, 0),
+        -1: (0, 0, 5),
+        2: (0, 0, 0),
+    }
+    # dropping only the GPU tier leaves the CPU copies reusable
+    d.apply_removed(NS, 0, [2], now_s=1.0, tier="gpu")
+    assert d.match_tiers(NS, [1, 2, 3], [0])[0] == (1, 3, 3)
+    with pytest.raises(ValueError, match="tier = 'hbm'"):
+        d.apply_removed(NS, 0, [1], now_s=1.0, tier="hbm")
+
+
 def test_clear_worker_in_every_namespace():
     other = Namespace("llama-3-8b", adapter="sql-lora")
     d = CacheDirectory()

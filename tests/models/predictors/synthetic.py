@@ -48,6 +48,11 @@ def synthetic_features(n: int, seed: int = 0) -> np.ndarray:
         "nominal_lookup_s": 2e-4 + 1e-5 * request_blocks,
         "nominal_prefill_s": 1e-3 + (input_tokens - reusable_tokens) / TOKENS_PER_S,
         "nominal_first_token_s": np.full(n, 2e-3),
+        # no tiers, no transfers in the synthetic rows
+        **dict.fromkeys(
+            ("load_bytes", "disk_load_bytes", "transfer_bytes", "load_backlog_s", "transfer_backlog_s"), np.zeros(n)
+        ),
+        "nominal_transfer_s": np.zeros(n),
     }
     assert set(columns) == set(FEATURE_NAMES)
     return np.column_stack([np.asarray(columns[name], dtype=np.float64) for name in FEATURE_NAMES])

@@ -30,7 +30,7 @@ def test_reads_its_nominal_column_exactly_and_clips_negative():
     assert make_term_predictor("analytic", "lookup").predict_many(x).tolist() == [0.005, 0.0, 2e-4]
     assert make_term_predictor("analytic", "prefill").predict_many(x).tolist() == [0.015, 0.18, 0.0]
     assert make_term_predictor("analytic", "first_token").predict_many(x).tolist() == [0.002, 0.002, 0.002]
-    assert make_term_predictor("analytic", "transfer").predict_many(x).tolist() == [0.0, 0.0, 0.0]
+    assert make_term_predictor("analytic", "transfer").predict_many(x).tolist() == [0.0, 0.0, 0.0]  # no fetch
 
 
 def test_returns_a_new_array_not_a_view_of_the_input():
@@ -40,18 +40,12 @@ def test_returns_a_new_array_not_a_view_of_the_input():
     assert x[:, FEATURE_INDEX["nominal_queue_s"]].tolist() == [0.25, 0.5]
 
 
-def test_every_term_but_transfer_has_a_nominal_column_today():
-    assert {term: nominal_column(term) is not None for term in TERMS} == {
-        "queue": True,
-        "lookup": True,
-        "transfer": False,
-        "prefill": True,
-        "first_token": True,
-    }
+def test_every_term_has_a_nominal_column():
+    assert all(nominal_column(term) is not None for term in TERMS)
 
 
-def test_a_future_nominal_transfer_column_is_picked_up():
-    assert nominal_column("transfer", {**FEATURE_INDEX, "nominal_transfer_s": 18}) == 18
+def test_a_spec_without_the_column_predicts_zero():
+    assert nominal_column("transfer", {"nominal_queue_s": 0}) is None
 
 
 def test_fit_is_a_no_op_and_parameters_are_refused():
