@@ -76,6 +76,8 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         Column("tpot_s", "DOUBLE", "mean time per output token after the first, seconds"),
         Column("e2e_s", "DOUBLE", "arrival to last token at the client, seconds"),
         Column("directory_mismatch_tokens", "BIGINT", "promised reuse that was gone at admission"),
+        Column("mismatch_lost_s", "DOUBLE", "nominal prefill time of the mismatch tokens, seconds"),
+        Column("served_by", "VARCHAR", "prefix source: local_hit, tier_load, remote_transfer, recompute"),
     ),
     "candidates": (
         RUN_ID,

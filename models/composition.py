@@ -51,6 +51,16 @@ class TermPredictions:
         """Composed TTFT on the critical path, shape ``(n_candidates,)``, seconds."""
         return compose_ttft_s(self.queue_s, self.lookup_s, self.transfer_s, self.prefill_s, self.first_token_s)
 
+    def take(self, index: np.ndarray) -> TermPredictions:
+        """The predictions of the rows ``index`` (int array), in that order."""
+        return TermPredictions(
+            self.queue_s[index],
+            self.lookup_s[index],
+            self.transfer_s[index],
+            self.prefill_s[index],
+            self.first_token_s[index],
+        )
+
     def as_matrix(self) -> np.ndarray:
         """Shape ``(n_candidates, 6)``: the five terms in :data:`TERMS` order then TTFT."""
         return np.column_stack(

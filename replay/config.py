@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from kvcost.models.hardware import DEFAULT_GPU_MEMORY_UTILIZATION, GPUS, MODELS
+from kvcost.replay.tiers import TierConfig
 from kvcost.serving.router import RouterSettings
 
 
@@ -42,7 +43,10 @@ class ClusterConfig:
         seed: seed of every random stream of the run.
         sample_interval_s: period of the ``worker_samples`` log.
         warmup_s: requests arriving before this are simulated (they warm the cache) but not measured.
-        router: the router's settings (policy, limits).
+        router: the router's settings (policy, limits; ``router.tiers`` / ``router.transfers``
+            make it plan lower-tier loads and fetches).
+        tiers: CPU / disk tiers per worker and a shared remote store behind the GPU
+            pools (``kvcost.replay.tiers``); None = GPU only.
     """
 
     model: str = "llama-3-8b"
@@ -58,6 +62,7 @@ class ClusterConfig:
     sample_interval_s: float = 1.0
     warmup_s: float = 0.0
     router: RouterSettings = field(default_factory=RouterSettings)
+    tiers: TierConfig | None = None
 
     def __post_init__(self) -> None:
         MODELS.get(self.model)

@@ -4,9 +4,12 @@ The same arrival trace is replayed under
 
 1. ``balanced_nocache`` — ``least_loaded`` routing, prefix cache off;
 2. ``balanced_cache`` — ``least_loaded`` routing, prefix cache on;
-3. ``cost_aware`` — routing that weighs cache reuse and load together.
+3. ``cost_aware`` — routing that weighs cache reuse and load together;
+4. ``cost_aware_tiered`` — the same with CPU / disk tiers, a remote store and a
+   router that weighs tier loads and transfers against recompute.
 
-Cache gain = 1 → 2, routing gain = 2 → 3 (positive = TTFT got shorter).
+Cache gain = 1 → 2, routing gain = 2 → 3, tier gain = 3 → 4 (positive = TTFT
+got shorter).
 Each run states its initial cache state: cold, or warmed by the trace's first
 ``warmup_s`` seconds (simulated but not measured).
 """
@@ -22,27 +25,37 @@ from kvcost.replay.config import ClusterConfig
 from kvcost.replay.metrics import summarise
 from kvcost.replay.online import OnlineSettings
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
+from kvcost.replay.tiers import TierConfig
 
 
 @dataclass(frozen=True, slots=True)
 class Configuration:
-    """One arm of the experiment: a router policy and whether the prefix cache is on."""
+    """One arm of the experiment: a router policy, whether the prefix cache is on, whether tiers are.
+
+    ``tiered``: CPU / disk tiers behind every GPU and a shared remote store, and a
+    router that weighs tier loads and transfers (``RouterSettings.tiers`` and
+    ``transfers``).
+    """
 
     name: str
     policy: str
     cache_enabled: bool
+    tiered: bool = False
 
 
 CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration("balanced_nocache", "least_loaded", False),
     Configuration("balanced_cache", "least_loaded", True),
     Configuration("cost_aware", "cost_aware", True),
+    Configuration("cost_aware_tiered", "cost_aware", True, tiered=True),
 )
 
 
 def configure(base: ClusterConfig, arm: Configuration) -> ClusterConfig:
-    """``base`` with the arm's policy and cache switch."""
-    return replace(base, cache_enabled=arm.cache_enabled, router=replace(base.router, policy=arm.policy))
+    """``base`` with the arm's policy, cache switch and tiers (``base.tiers``, or the defaults)."""
+    router = replace(base.router, policy=arm.policy, tiers=arm.tiered, transfers=arm.tiered)
+    tiers = (base.tiers or TierConfig()) if arm.tiered else None
+    return replace(base, cache_enabled=arm.cache_enabled, router=router, tiers=tiers)
 
 
 def replay(
@@ -57,19 +70,45 @@ def replay(
 
 
 def attribution(configs: dict[str, dict]) -> dict[str, float]:
-    """Cache gain (1 → 2) and routing gain (2 → 3) at P50 and P99 TTFT, seconds (positive = faster)."""
-    nocache, cache, cost = (configs[a.name] for a in CONFIGURATIONS)
-    return {
-        "cache_gain_p50_s": nocache["ttft_p50_s"] - cache["ttft_p50_s"],
-        "cache_gain_p99_s": nocache["ttft_p99_s"] - cache["ttft_p99_s"],
-        "routing_gain_p50_s": cache["ttft_p50_s"] - cost["ttft_p50_s"],
-        "routing_gain_p99_s": cache["ttft_p99_s"] - cost["ttft_p99_s"],
+    """Cache gain (1 → 2), routing gain (2 → 3) and tier gain (3 → tiered) at P50 and P99 TTFT, seconds.
+
+    Positive = TTFT got shorter. The tier gain is there when ``cost_aware_tiered`` ran.
+    """
+    steps = {
+        "cache_gain": ("balanced_nocache", "balanced_cache"),
+        "routing_gain": ("balanced_cache", "cost_aware"),
+        "tier_gain": ("cost_aware", "cost_aware_tiered"),
     }
+    gains = {}
+    for gain, (before, after) in steps.items():
+        if before in configs and after in configs:
+            for q in ("p50", "p99"):
+                gains[f"{gain}_{q}_s"] = configs[before][f"ttft_{q}_s"] - configs[after][f"ttft_{q}_s"]
+    return gains
 
 
 def diagnose(configs: dict[str, dict], results: dict[str, ReplayResult]) -> list[str]:
     """DESIGN.md §4's diagnosis, in its order, each line backed by a number from the log."""
-    return [_hot_worker_queueing(configs, results), _mismatch(configs, results), _recompute_squeeze(results)]
+    lines = [_hot_worker_queueing(configs, results), _mismatch(configs, results), _recompute_squeeze(results)]
+    if "cost_aware_tiered" in configs:
+        lines.append(_tiers(configs))
+    return lines
+
+
+def _tiers(configs: dict[str, dict]) -> str:
+    """Where the prefixes came from with and without tiers, and whether that paid off at P99."""
+    flat, tiered = configs["cost_aware"], configs["cost_aware_tiered"]
+
+    def split(c: dict) -> str:
+        return ", ".join(f"{name} {share:.1%}" for name, share in c["served_by"].items())
+
+    return (
+        f"Tiers and transfers: cost_aware_tiered hit ratio {tiered['hit_ratio']:.1%} vs {flat['hit_ratio']:.1%}, "
+        f"TTFT P99 {tiered['ttft_p99_s']:.2f} s vs {flat['ttft_p99_s']:.2f} s. Requests served by: {split(tiered)} "
+        f"(cost_aware: {split(flat)}). Directory mismatches cost {tiered['directory_mismatch_tokens']} tokens, "
+        f"{tiered['mismatch_lost_s']:.1f} s of prefill (cost_aware: {flat['directory_mismatch_tokens']} tokens, "
+        f"{flat['mismatch_lost_s']:.1f} s)."
+    )
 
 
 def _hot_worker_queueing(configs: dict[str, dict], results: dict[str, ReplayResult]) -> str:
@@ -129,7 +168,7 @@ def _recompute_squeeze(results: dict[str, ReplayResult]) -> str:
 def study_summary(results: dict[str, ReplayResult], n_workers: int) -> dict:
     """Per-configuration figures; with the three experiment arms, also the attribution and diagnosis."""
     configs = {name: summarise(res, n_workers) for name, res in results.items()}
-    if not {arm.name for arm in CONFIGURATIONS} <= set(configs):
+    if not {arm.name for arm in CONFIGURATIONS if not arm.tiered} <= set(configs):
         return {"configs": configs}
     summary = {"configs": configs, "attribution": attribution(configs), "diagnosis": diagnose(configs, results)}
     if "learned_cost_aware" in configs:

@@ -22,8 +22,13 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "queue_p99_s",
     "max_worker_share",
     "directory_mismatch_tokens",
+    "mismatch_lost_s",
+    "served_by",
     "utilisation",
 )
+
+#: Where a request's reused prefix came from (``requests.served_by``), report order.
+SERVED_BY: tuple[str, ...] = ("local_hit", "tier_load", "remote_transfer", "recompute")
 
 
 def _quantile(values: np.ndarray, q: float) -> float:
@@ -41,12 +46,19 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     measured span during which the worker had a request waiting for its first
     token (queued or in prefill): the busy fraction of the prefill server, 1
     when its queue never empties. Times in seconds.
+
+    ``served_by`` is the share of requests whose prefix came from the GPU only
+    (``local_hit``), from the worker's CPU / disk tiers (``tier_load``), over the
+    network from another worker or the remote store (``remote_transfer``), or
+    was not reused (``recompute``). ``mismatch_lost_s`` is the nominal prefill
+    time of the tokens the directory promised but the worker no longer held.
     """
     r = result.requests
     if r.empty:
         counts = ("completed", "rejected", "directory_mismatch_tokens")
         empty = {key: 0 if key in counts else float("nan") for key in SUMMARY_KEYS}
-        return {**empty, "rejected": result.rejected_requests}
+        return {**empty, "rejected": result.rejected_requests, "served_by": dict.fromkeys(SERVED_BY, 0.0)}
+    served = r["served_by"].value_counts(normalize=True)
     ttft = r["actual_ttft_s"].to_numpy()
     counts = np.bincount(r["worker_id"].to_numpy(), minlength=n_workers)
     return {
@@ -62,6 +74,8 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
         "queue_p99_s": _quantile(r["actual_queue_s"].to_numpy(), 0.99),
         "max_worker_share": float(counts.max() / counts.sum()),
         "directory_mismatch_tokens": int(r["directory_mismatch_tokens"].sum()),
+        "mismatch_lost_s": float(r["mismatch_lost_s"].sum()),
+        "served_by": {name: float(served.get(name, 0.0)) for name in SERVED_BY},
         "utilisation": float(np.mean(result.utilisation)),
     }
 

@@ -15,7 +15,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from kvcost.data.store import LogStore  # noqa: E402
-from kvcost.replay.metrics import SUMMARY_KEYS  # noqa: E402
+from kvcost.replay.metrics import SERVED_BY, SUMMARY_KEYS  # noqa: E402
 from kvcost.replay.simulator import ReplayResult  # noqa: E402
 from kvcost.reporting import markdown_table  # noqa: E402
 
@@ -49,6 +49,7 @@ _LABELS = {
     "queue_p99_s": "queue P99 (s)",
     "max_worker_share": "max worker share",
     "directory_mismatch_tokens": "directory mismatch (tokens)",
+    "mismatch_lost_s": "mismatch prefill lost (s)",
     "utilisation": "utilisation",
 }
 
@@ -69,7 +70,14 @@ def format_value(key: str, value) -> str:
 def comparison_rows(configs: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the comparison table: one row per metric, one column per configuration."""
     header = ["metric", *configs]
-    rows = [[_LABELS[key], *(format_value(key, c[key]) for c in configs.values())] for key in SUMMARY_KEYS]
+    rows = []
+    for key in SUMMARY_KEYS:
+        if key == "served_by":
+            for source in SERVED_BY:
+                shares = (c[key][source] if key in c else None for c in configs.values())
+                rows.append([f"served by {source}", *(f"{x:.1%}" if x is not None else "—" for x in shares)])
+            continue
+        rows.append([_LABELS[key], *(format_value(key, c.get(key)) for c in configs.values())])
     return header, rows
 
 
@@ -98,8 +106,16 @@ def write_report_md(path: Path, summary: dict, setup_lines: list[str], plots: li
             f"P99 {a['cache_gain_p99_s']:+.3f} s",
             f"- routing gain (balanced_cache → cost_aware): P50 {a['routing_gain_p50_s']:+.3f} s, "
             f"P99 {a['routing_gain_p99_s']:+.3f} s",
+            *(
+                [
+                    f"- tier gain (cost_aware → cost_aware_tiered): P50 {a['tier_gain_p50_s']:+.3f} s, "
+                    f"P99 {a['tier_gain_p99_s']:+.3f} s"
+                ]
+                if "tier_gain_p99_s" in a
+                else []
+            ),
             "",
-            "## Diagnosis (in order: hot-worker queueing, directory mismatch, recompute of expected hits)",
+            "## Diagnosis (in order: hot-worker queueing, directory mismatch, recompute of expected hits, tiers)",
             *[f"{i}. {line}" for i, line in enumerate(summary["diagnosis"], 1)],
             "",
         ]

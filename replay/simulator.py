@@ -30,10 +30,11 @@ from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.kv_cache import BlockPool
 from kvcost.replay.online import OnlineLearner, OnlineSettings
+from kvcost.replay.tiers import TierCache, WorkerTiers
 from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
-from kvcost.serving.directory import CacheDirectory, Namespace
+from kvcost.serving.directory import REMOTE_STORE_ID, CacheDirectory, Namespace
 from kvcost.serving.router import Router
-from kvcost.serving.types import RouteDecision, RouteRequest
+from kvcost.serving.types import ReusePlan, RouteDecision, RouteRequest
 
 PRED_COLUMNS: tuple[str, ...] = tuple(f"pred_{t}_s" for t in TERMS) + ("pred_ttft_s",)
 ACTUAL_COLUMNS: tuple[str, ...] = tuple(f"actual_{t}_s" for t in TERMS) + ("actual_ttft_s",)
@@ -102,7 +103,11 @@ class ClusterSimulator:
         self.router = Router(self.directory, self.step_models, config.router, cost_model)
         self.online = OnlineLearner(online) if online is not None else None
         self.workers = [self._make_worker(i, gpu) for i, gpu in enumerate(config.fleet)]
-        self._pending_events: deque[tuple[float, int, str, list[int], int | None]] = deque()
+        self.remote: TierCache | None = None
+        if config.tiers is not None and config.cache_enabled and config.tiers.remote_bytes:
+            block_bytes = self.workers[0].tiers.block_bytes
+            self.remote = TierCache("remote", config.tiers.capacity_blocks("remote", block_bytes))
+        self._pending_events: deque[tuple[float, int, str, list[int], int | None, str]] = deque()
 
     def _make_worker(self, worker_id: int, gpu: str) -> SimWorker:
         step_model = self.step_models[gpu]
@@ -116,7 +121,10 @@ class ClusterSimulator:
             self.block_size_tokens, self.config.gpu_memory_utilization
         )
         pool = BlockPool(capacity_blocks, self.config.cache_enabled)
-        return SimWorker(worker_id, gpu, step_model, pool, self.block_size_tokens, truth, self.config.seed)
+        tiers = None
+        if self.config.tiers is not None and self.config.cache_enabled:
+            tiers = WorkerTiers(self.config.tiers, step_model.model.kv_bytes_per_token * self.block_size_tokens)
+        return SimWorker(worker_id, gpu, step_model, pool, self.block_size_tokens, truth, self.config.seed, tiers)
 
     # -- the event loop ------------------------------------------------------------
     def run(self, trace: Trace, progress: Callable[[int], None] | None = None) -> ReplayResult:
@@ -137,8 +145,10 @@ class ClusterSimulator:
                 log.sample(next_sample, self.workers)
                 next_sample += self.config.sample_interval_s
             elif t_step <= t_arrival:
-                now, _, worker_id = heapq.heappop(steps)
+                now, worker_id, token = heapq.heappop(steps)
                 worker = self.workers[worker_id]
+                if token != worker.step_token:
+                    continue  # an empty wait cut short by an arrival
                 done = worker.finish_step(now)
                 log.complete(done)
                 if self.online is not None and done:
@@ -187,10 +197,40 @@ class ClusterSimulator:
             log.rejected += 1
             return False
         log.route(sim_request, decision)
-        worker.enqueue(sim_request)
-        if worker.step_end_s is None:
+        plan = decision.plans[decision.chosen_index] if decision.plans else None
+        if plan is not None and plan.option == "fetch" and self._fetch(worker, sim_request, plan, now):
+            worker.enqueue_fetched(sim_request)
+        else:
+            worker.enqueue(sim_request)
+        if worker.step_end_s is None or worker.idle_wait:
             self._start(worker, now, steps)
         return True
+
+    def _fetch(self, worker: SimWorker, request: SimRequest, plan: ReusePlan, now: float) -> bool:
+        """Start moving the planned prefix blocks to ``worker`` over its network link; False if none are there.
+
+        The router planned from the (possibly stale) directory; what moves is what the
+        source really holds now, from the end of the worker's own prefix. Layout
+        conversion occupies the link ``conversion_factor`` times longer.
+        """
+        start = plan.gpu_blocks + plan.cpu_blocks + plan.disk_blocks
+        held = self._held_prefix_blocks(plan.source_id, request.full_block_hashes)
+        end = min(start + plan.fetch_blocks, held)
+        if end <= start:
+            return False
+        request.fetch_hashes = request.full_block_hashes[start:end]
+        n_bytes = len(request.fetch_hashes) * worker.tiers.block_bytes * (1.0 + plan.conversion_factor)
+        _, request.ready_s = worker.tiers.network.reserve(now, n_bytes)
+        request.transfer_s = request.ready_s - now
+        return True
+
+    def _held_prefix_blocks(self, source_id: int, chain: tuple[int, ...]) -> int:
+        """Leading blocks of ``chain`` that ``source_id`` (a worker or the remote store) really holds, any tier."""
+        if source_id == REMOTE_STORE_ID:
+            return self.remote.match_from(chain, 0)
+        source = self.workers[source_id]
+        gpu_blocks = source.pool.match_blocks(chain)
+        return gpu_blocks + sum(source.tiers.match_below(chain, gpu_blocks))
 
     def _true_ttft_s(self, worker: SimWorker, trace_request, full_hashes: tuple[int, ...], now: float) -> float:
         """The TTFT this request would really get on ``worker`` if no other request arrived (the oracle's view)."""
@@ -205,21 +245,30 @@ class ClusterSimulator:
     def _start(self, worker: SimWorker, now: float, steps: list) -> None:
         end = worker.start_step(now)
         if end is not None:
-            heapq.heappush(steps, (end, worker.worker_id, worker.worker_id))
+            heapq.heappush(steps, (end, worker.worker_id, worker.step_token))
         if worker.events:
             lag = self.config.directory_lag_s
-            for t, kind, hashes, parent in worker.events:
-                self._pending_events.append((t + lag, worker.worker_id, kind, hashes, parent))
+            for t, kind, hashes, parent, tier in worker.events:
+                self._pending_events.append((t + lag, worker.worker_id, kind, hashes, parent, tier))
+                if self.remote is not None and kind == "stored" and tier == "gpu":
+                    self._write_through(t + lag, hashes)
             worker.events.clear()
+
+    def _write_through(self, t: float, hashes: list[int]) -> None:
+        """Every block a worker computes is also put in the shared remote store (its LRU overflow is dropped)."""
+        dropped = self.remote.put(hashes)
+        self._pending_events.append((t, REMOTE_STORE_ID, "stored", hashes, None, "remote"))
+        if dropped:
+            self._pending_events.append((t, REMOTE_STORE_ID, "removed", dropped, None, "remote"))
 
     def _deliver_events(self, now: float) -> None:
         pending = self._pending_events
         while pending and pending[0][0] <= now:
-            t, worker_id, kind, hashes, parent = pending.popleft()
+            t, worker_id, kind, hashes, parent, tier = pending.popleft()
             if kind == "stored":
-                self.directory.apply_stored(self.namespace, worker_id, hashes, parent, "gpu", t)
+                self.directory.apply_stored(self.namespace, worker_id, hashes, parent, tier, t)
             else:
-                self.directory.apply_removed(self.namespace, worker_id, hashes, t)
+                self.directory.apply_removed(self.namespace, worker_id, hashes, t, tier)
 
 
 class _Log:
@@ -263,7 +312,7 @@ class _Log:
             tpot_s = (r.finish_s - r.prefill_end_s) / (r.output_tokens - 1) if r.output_tokens > 1 else math.nan
             e2e_s = r.finish_s + r.first_token_overhead_s - r.arrival_s
             mismatch = max(0, r.predicted_reuse_tokens - r.reused_tokens)
-            actual = (queue_s, r.lookup_s, 0.0, prefill_s, r.first_token_overhead_s, ttft_s)
+            actual = (queue_s, r.lookup_s, r.transfer_s, prefill_s, r.first_token_overhead_s, ttft_s)
             self.observed.append((features, actual, r.arrival_s, worker_id, pred, p90_s, r.finish_s))
             self.rows.append(
                 (
@@ -279,6 +328,8 @@ class _Log:
                     tpot_s,
                     e2e_s,
                     mismatch,
+                    r.mismatch_lost_s,
+                    r.served_by,
                 )
             )
 
@@ -310,6 +361,8 @@ class _Log:
             "tpot_s",
             "e2e_s",
             "directory_mismatch_tokens",
+            "mismatch_lost_s",
+            "served_by",
         ]
         requests = pd.DataFrame(self.rows, columns=columns).sort_values("request_id", ignore_index=True)
         makespan_s = max(0.0, self.last_finish_s - self.first_arrival_s) if self.rows else 0.0

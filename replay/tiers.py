@@ -22,6 +22,7 @@ Link speeds are in :mod:`kvcost.models.links`. Default capacities (assumptions):
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -151,4 +152,84 @@ class TierCache:
         """An independent copy."""
         twin = TierCache(self.name, self.capacity_blocks)
         twin._blocks = OrderedDict(self._blocks)
+        return twin
+
+
+#: A directory event of one worker: ``(kind, tier, hashes)``, kind ``"stored"`` or ``"removed"``.
+TierEvent = tuple[str, str, list[int]]
+
+
+class WorkerTiers:
+    """The lower tiers and links of one worker: CPU DRAM and disk caches, PCIe, NVMe and inbound network.
+
+    Args:
+        config: capacities and link specs.
+        block_bytes: bytes of one KV block (``kv_bytes_per_token × block_size_tokens``), > 0.
+    """
+
+    def __init__(self, config: TierConfig, block_bytes: int) -> None:
+        if block_bytes <= 0:
+            raise ValueError(f"block_bytes = {block_bytes}, expected an integer > 0")
+        self.block_bytes = block_bytes
+        self.cpu = TierCache("cpu", config.capacity_blocks("cpu", block_bytes))
+        self.disk = TierCache("disk", config.capacity_blocks("disk", block_bytes))
+        self.pcie = Link(config.cpu_to_gpu)
+        self.nvme = Link(config.disk_to_cpu)
+        self.network = Link(config.network)
+
+    def put_cpu(self, block_hashes: list[int]) -> list[TierEvent]:
+        """Store blocks in CPU memory: GPU evictions (demotion) or fetched blocks (staging).
+
+        CPU overflow is demoted to disk, disk overflow is dropped; a disabled CPU
+        tier passes the blocks straight to disk.
+
+        Returns:
+            The directory events, in order.
+        """
+        events: list[TierEvent] = []
+        moving = block_hashes
+        for tier in (self.cpu, self.disk):
+            if not moving:
+                break
+            if tier.capacity_blocks == 0:
+                continue
+            pushed_out = tier.put(moving)
+            events.append(("stored", tier.name, list(moving)))
+            if pushed_out:
+                events.append(("removed", tier.name, pushed_out))
+            moving = pushed_out
+        return events
+
+    def match_below(self, block_hashes: Sequence[int], start: int) -> tuple[int, int]:
+        """``(cpu_blocks, disk_blocks)`` from ``start`` on: each block in CPU or else disk, up to the first miss."""
+        cpu_blocks = disk_blocks = 0
+        for block_hash in block_hashes[start:]:
+            if block_hash in self.cpu:
+                cpu_blocks += 1
+            elif block_hash in self.disk:
+                disk_blocks += 1
+            else:
+                break
+        return cpu_blocks, disk_blocks
+
+    def load(self, now_s: float, block_hashes: Sequence[int], cpu_blocks: int, disk_blocks: int) -> float:
+        """Copy lower-tier blocks into GPU memory from ``now_s``: disk reads first, then one PCIe copy of all.
+
+        Args:
+            block_hashes: the blocks loaded (for LRU recency), ``cpu_blocks + disk_blocks`` of them.
+
+        Returns:
+            The time the last byte is in GPU memory (``now_s`` when nothing is loaded).
+        """
+        self.cpu.touch(block_hashes)
+        self.disk.touch(block_hashes)
+        _, disk_end_s = self.nvme.reserve(now_s, disk_blocks * self.block_bytes)
+        _, end_s = self.pcie.reserve(disk_end_s, (cpu_blocks + disk_blocks) * self.block_bytes)
+        return end_s
+
+    def fork(self) -> WorkerTiers:
+        """An independent copy (caches and link states)."""
+        twin = copy.copy(self)
+        twin.cpu, twin.disk = self.cpu.fork(), self.disk.fork()
+        twin.pcie, twin.nvme, twin.network = copy.copy(self.pcie), copy.copy(self.nvme), copy.copy(self.network)
         return twin

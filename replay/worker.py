@@ -32,6 +32,7 @@ import numpy as np
 from kvcost.features.nominal import DEFAULT_FIRST_TOKEN_S, NominalCosts
 from kvcost.models.hardware import StepTimeModel
 from kvcost.replay.kv_cache import Allocation, BlockPool
+from kvcost.replay.tiers import WorkerTiers
 from kvcost.serving.directory import reusable_tokens_for
 from kvcost.serving.types import WorkerSnapshot
 
@@ -78,6 +79,12 @@ class SimRequest:
     decode_context_start: int = 0
     finish_s: float = math.nan
     allocation: Allocation | None = None
+    # tiers and transfers
+    ready_s: float = 0.0  # prefix loaded into GPU memory (admission + lookup_s)
+    loaded_blocks: int = 0  # blocks copied from CPU / disk at admission
+    fetch_hashes: tuple[int, ...] = ()  # blocks fetched over the network before admission
+    transfer_s: float = 0.0  # arrival → fetched blocks in this worker's CPU memory
+    mismatch_lost_s: float = 0.0  # nominal prefill of the promised-but-missing tokens
 
     @property
     def queued_tokens(self) -> int:
@@ -85,6 +92,15 @@ class SimRequest:
         if self.allocation is None:
             return self.input_tokens - self.predicted_reuse_tokens
         return self.input_tokens - self.computed_tokens
+
+    @property
+    def served_by(self) -> str:
+        """Where the reused prefix came from: ``remote_transfer``, ``tier_load``, ``local_hit`` or ``recompute``."""
+        if self.fetch_hashes:
+            return "remote_transfer"
+        if self.loaded_blocks:
+            return "tier_load"
+        return "local_hit" if self.reused_tokens else "recompute"
 
     @property
     def first_token_s(self) -> float:
@@ -111,6 +127,7 @@ class SimWorker:
         block_size_tokens: tokens per KV block.
         truth: ground-truth effects (jitter, slowdown, actual fixed costs).
         seed: seed of this worker's jitter stream.
+        tiers: CPU / disk tiers and links behind the GPU pool (None: GPU only).
 
     ``measure_from_s`` (default 0) is the time from which steps count toward
     ``prefill_busy_s``: the time of steps started while a request waited for its
@@ -119,7 +136,7 @@ class SimWorker:
     ``start_step(now_s)`` begins a step and returns its end time (or None when
     idle); ``finish_step(now_s)`` applies it and returns the requests that
     finished. Events for the directory accumulate in ``events`` as
-    ``(time_s, "stored" | "removed", hashes, parent_hash)`` until the caller
+    ``(time_s, "stored" | "removed", hashes, parent_hash, tier)`` until the caller
     drains them.
     """
 
@@ -132,8 +149,14 @@ class SimWorker:
         block_size_tokens: int,
         truth: WorkerTruth,
         seed: int,
+        tiers: WorkerTiers | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.tiers = tiers
+        self.idle_wait = False  # the running "step" is an empty wait for a transfer or tier load
+        self.step_token = 0  # identifies the running step; a step event with another token is void
+        self.loading: list[SimRequest] = []  # admitted, prefix still being copied into GPU memory
+        self.fetching: list[SimRequest] = []  # routed, KV still arriving over the network
         self.gpu = gpu
         self.step_model = step_model
         self.pool = pool
@@ -174,7 +197,8 @@ class SimWorker:
             for r in self.prefilling
             if r.queued_tokens > in_step.get(id(r), 0)
         )
-        waiting += tuple((r.queued_tokens, r.predicted_reuse_tokens) for r in self.waiting)
+        waiting += tuple((r.queued_tokens, r.predicted_reuse_tokens) for r in (*self.fetching, *self.waiting))
+        waiting += tuple((r.queued_tokens, r.computed_tokens) for r in self.loading)
         return WorkerSnapshot(
             worker_id=self.worker_id,
             gpu=self.gpu,
@@ -189,6 +213,8 @@ class SimWorker:
             waiting_prompt_blocks=sum(-(-r.input_tokens // self.block_size_tokens) for r in self.waiting),
             oldest_waiting_s=now_s - self.waiting[0].arrival_s if self.waiting else 0.0,
             recent_step_nominal_s=self.last_step_nominal_s,
+            load_backlog_s=self.tiers.pcie.backlog_s(now_s) if self.tiers else 0.0,
+            transfer_backlog_s=self.tiers.network.backlog_s(now_s) if self.tiers else 0.0,
         )
 
     def fork(self) -> SimWorker:
@@ -198,8 +224,12 @@ class SimWorker:
         arrivals (the oracle's true T_i); the original is untouched.
         """
         twin = copy.copy(self)
-        twins = {id(r): r.fork() for r in (*self.waiting, *self.prefilling, *(e[2] for e in self._decoding))}
+        everyone = (*self.waiting, *self.prefilling, *self.loading, *self.fetching, *(e[2] for e in self._decoding))
+        twins = {id(r): r.fork() for r in everyone}
         twin.pool = self.pool.fork()
+        twin.tiers = self.tiers.fork() if self.tiers is not None else None
+        twin.loading = [twins[id(r)] for r in self.loading]
+        twin.fetching = [twins[id(r)] for r in self.fetching]
         twin._rng = copy.deepcopy(self._rng)
         twin._jitter = list(self._jitter)
         twin.waiting = deque(twins[id(r)] for r in self.waiting)
@@ -232,9 +262,43 @@ class SimWorker:
         self.waiting.append(request)
         self.queued_prefill_tokens += request.queued_tokens
 
+    def enqueue_fetched(self, request: SimRequest) -> None:
+        """Add a routed request whose prefix is arriving over the network (``fetch_hashes``, by ``ready_s``).
+
+        It joins the FCFS waiting queue when the transfer ends, the fetched blocks then
+        sitting in this worker's CPU memory (vLLM's connector keeps such a request
+        out of scheduling until its KV has arrived).
+        """
+        self.fetching.append(request)
+        self.queued_prefill_tokens += request.queued_tokens
+
     # -- steps -----------------------------------------------------------------
+    def _wake(self, now_s: float) -> None:
+        """Requests whose transfer or tier load has finished by ``now_s`` move on."""
+        if self.fetching:
+            arrived = [r for r in self.fetching if r.ready_s <= now_s]
+            for request in arrived:
+                self.fetching.remove(request)
+                self._tier_events(now_s, self.tiers.put_cpu(list(request.fetch_hashes)))
+                self.waiting.append(request)
+        if self.loading:
+            loaded = [r for r in self.loading if r.ready_s <= now_s]
+            for request in loaded:
+                self.loading.remove(request)
+                self.prefilling.append(request)
+
+    def _next_wake_s(self) -> float | None:
+        """Earliest end of a pending transfer or tier load (None when there is none)."""
+        pending = [r.ready_s for r in (*self.fetching, *self.loading)]
+        return min(pending) if pending else None
+
     def start_step(self, now_s: float) -> float | None:
-        """Form a batch at ``now_s``; returns the step's end time, or None if there is no work."""
+        """Form a batch at ``now_s``; returns the step's end time, or None if there is no work.
+
+        With nothing to compute but transfers or tier loads pending, the worker
+        idles until the first of them ends (an empty step).
+        """
+        self._wake(now_s)
         n_decode = len(self._decoding)
         budget = self.step_model.token_budget - n_decode
         chunks: list[tuple[SimRequest, int]] = []
@@ -249,15 +313,22 @@ class SimWorker:
         lookup_s = 0.0
         while self.waiting and budget > 0 and self._admit(self.waiting[0], now_s):
             request = self.waiting.popleft()
+            if request.ready_s > now_s:
+                self.loading.append(request)
+                continue
             self.prefilling.append(request)
             lookup_s = max(lookup_s, request.lookup_s)
             n = min(request.input_tokens - request.computed_tokens, budget)
             flops += self.step_model.prefill_attention_flops(n, request.computed_tokens)
             chunks.append((request, n))
             budget -= n
+        self.step_token += 1
         if not chunks and not n_decode:
-            self.step_end_s = None
-            return None
+            self._chunks = []
+            self.idle_wait = True
+            self.step_end_s = self._next_wake_s()
+            return self.step_end_s
+        self.idle_wait = False
         num_tokens = self.step_model.token_budget - budget
         nominal_s = self.step_model.step_s(num_tokens, flops, self.decode_context_tokens) + lookup_s
         step_s = (nominal_s - lookup_s) * self._next_jitter() * self._slowdown(now_s) + lookup_s
@@ -283,24 +354,46 @@ class SimWorker:
 
     # -- internals -------------------------------------------------------------
     def _admit(self, request: SimRequest, now_s: float) -> bool:
+        """Reserve KV for ``request`` and find its prefix: GPU blocks are free, lower-tier ones are loaded.
+
+        A request with blocks to load gets ``ready_s`` after ``now_s`` (the PCIe
+        copy, queued behind earlier loads) and waits in ``loading``; its lookup
+        time ``L`` includes that wait.
+        """
         n_full = request.input_tokens // self.block_size_tokens
+        chain = request.full_block_hashes[:n_full]
         total_blocks = -(-(request.input_tokens + request.output_tokens) // self.block_size_tokens)
-        allocation, evicted = self.pool.try_allocate(request.full_block_hashes[:n_full], total_blocks)
+        gpu_blocks = self.pool.match_blocks(chain)
+        cpu_blocks, disk_blocks = self.tiers.match_below(chain, gpu_blocks) if self.tiers else (0, 0)
+        allocation, evicted = self.pool.try_allocate(chain, total_blocks)
         if allocation is None:
             return False
         if evicted:
-            self.events.append((now_s, "removed", evicted, None))
+            self._tier_events(now_s, [("removed", "gpu", evicted)])
+            if self.tiers is not None:
+                self._tier_events(now_s, self.tiers.put_cpu(evicted))
         before = request.queued_tokens
         request.allocation = allocation
-        request.reused_tokens = reusable_tokens_for(
-            allocation.reused_blocks, self.block_size_tokens, request.input_tokens
-        )
+        request.loaded_blocks = cpu_blocks + disk_blocks
+        reused_blocks = allocation.reused_blocks + request.loaded_blocks
+        request.reused_tokens = reusable_tokens_for(reused_blocks, self.block_size_tokens, request.input_tokens)
         request.computed_tokens = request.reused_tokens
         self.queued_prefill_tokens += request.queued_tokens - before
         request.admitted_s = now_s
         request.lookup_s = self.truth.costs.lookup_s(n_full)
+        if request.loaded_blocks:
+            loaded = chain[gpu_blocks:reused_blocks]
+            request.lookup_s += self.tiers.load(now_s, loaded, cpu_blocks, disk_blocks) - now_s
+            request.ready_s = now_s + request.lookup_s
         request.first_token_overhead_s = self.truth.costs.first_token_s
+        mismatch_tokens = max(0, request.predicted_reuse_tokens - request.reused_tokens)
+        if mismatch_tokens:
+            request.mismatch_lost_s = self.step_model.prefill_alone_s(mismatch_tokens, request.reused_tokens)
         return True
+
+    def _tier_events(self, now_s: float, events: list[tuple[str, str, list[int]]]) -> None:
+        for kind, tier, hashes in events:
+            self.events.append((now_s, kind, hashes, None, tier))
 
     def _finish_prefill(self, request: SimRequest, now_s: float, done: list[SimRequest]) -> None:
         self.prefilling.remove(request)
@@ -310,7 +403,7 @@ class SimWorker:
         if self.pool.register_prefill(request.allocation, chain):
             reused = request.allocation.reused_blocks
             parent = chain[reused - 1] if reused else None
-            self.events.append((now_s, "stored", list(chain[reused:]), parent))
+            self.events.append((now_s, "stored", list(chain[reused:]), parent, "gpu"))
         if request.output_tokens <= 1:
             self._complete(request, now_s, done)
             return

@@ -70,6 +70,9 @@ class Namespace:
     cache_salt: str = ""
 
 
+#: Worker id under which the shared remote store's blocks are indexed (tier ``"remote"``).
+REMOTE_STORE_ID = -1
+
 # Holder encoding (see the module docstring): the low _TIER_BITS bits of a packed
 # holder are the tier mask, the rest the worker id.
 _TIER_BITS = 5

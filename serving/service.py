@@ -1032,6 +1032,9 @@ class ScoringService:
             "tpot_s": [body.tpot_s],
             "e2e_s": [body.e2e_s],
             "directory_mismatch_tokens": [mismatch],
+            # engines do not report where a prefix came from nor what a miss cost: NULL
+            "mismatch_lost_s": [None],
+            "served_by": [None],
         }
         for term, predicted in zip(_TERMS_AND_TTFT, d.predicted_s, strict=True):
             columns[f"pred_{term}_s"] = [predicted]

@@ -23,17 +23,17 @@ def test_experiment_writes_outputs_and_is_deterministic(tmp_path):
     out2, _ = _experiment(tmp_path, "b")
     assert (out1 / "summary.json").read_bytes() == (out2 / "summary.json").read_bytes()
     summary = json.loads((out1 / "summary.json").read_text())
-    assert set(summary["configs"]) == {"balanced_nocache", "balanced_cache", "cost_aware"}
+    assert set(summary["configs"]) == {"balanced_nocache", "balanced_cache", "cost_aware", "cost_aware_tiered"}
     assert summary["requests"] == summary["configs"]["cost_aware"]["completed"] > 0
     assert summary["configs"]["balanced_nocache"]["hit_ratio"] == 0.0
-    assert len(summary["diagnosis"]) == 3
+    assert len(summary["diagnosis"]) == 4
     for name in ("report.md", "ttft_cdf.png", "queued_prefill_tokens.png"):
         assert (out1 / name).stat().st_size > 0
     assert "cache gain" in output and "report:" in output
     con = duckdb.connect(str(tmp_path / "log.duckdb"))
-    assert con.execute("SELECT count(*) FROM runs").fetchone() == (6,)  # appended, never overwritten
+    assert con.execute("SELECT count(*) FROM runs").fetchone() == (8,)  # appended, never overwritten
     n_requests = con.execute("SELECT count(*) FROM requests").fetchone()[0]
-    assert n_requests == 6 * summary["requests"]
+    assert n_requests == 8 * summary["requests"]
     assert con.execute("SELECT count(*) FROM candidates").fetchone()[0] == 4 * n_requests
 
 

@@ -6,8 +6,8 @@ import pytest
 from kvcost.features.build import build_features
 from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
-from kvcost.serving.directory import DirectoryMatch, Namespace
 from kvcost.models.links import LinkSpec
+from kvcost.serving.directory import DirectoryMatch, Namespace
 from kvcost.serving.types import ReusePlan, RouteRequest
 
 REQUEST = RouteRequest(
@@ -91,9 +91,7 @@ def test_shape_and_exact_columns(case):
 def test_plans_price_tier_loads_and_transfers(linear_step_model, make_snapshot):
     """Worker 0 loads 1 CPU + 1 disk block; worker 1 fetches 2 blocks over a busy network link."""
     request = RouteRequest(0, 0.0, 1100, (1, 2), Namespace("linear"))
-    costs = NominalCosts(
-        cpu_to_gpu=LinkSpec(1e9, 0.001), disk_to_cpu=LinkSpec(1e8, 0.002), network=LinkSpec(1e9, 0.01)
-    )
+    costs = NominalCosts(cpu_to_gpu=LinkSpec(1e9, 0.001), disk_to_cpu=LinkSpec(1e8, 0.002), network=LinkSpec(1e9, 0.01))
     plans = [
         ReusePlan("local", gpu_blocks=0, cpu_blocks=1, disk_blocks=1),
         ReusePlan("fetch", gpu_blocks=0, fetch_blocks=2, source_id=0, conversion_factor=0.5),

@@ -30,6 +30,8 @@ def _requests(ids, arrivals, queue_s):
     frame["actual_ttft_s"] = queue_s
     frame["tpot_s"] = frame["e2e_s"] = 0.0
     frame["directory_mismatch_tokens"] = 0
+    frame["mismatch_lost_s"] = 0.0
+    frame["served_by"] = "recompute"
     return frame
 
 

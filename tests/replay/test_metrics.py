@@ -41,6 +41,8 @@ def test_summarise_exact_figures():
         input_tokens=[100, 100, 100, 100],
         actual_reuse_tokens=[0, 50, 50, 0],
         directory_mismatch_tokens=[0, 16, 0, 0],
+        mismatch_lost_s=[0.0, 0.25, 0.0, 0.0],
+        served_by=["recompute", "tier_load", "remote_transfer", "recompute"],
     )
     s = summarise(result, n_workers=2)
     assert list(s) == list(SUMMARY_KEYS)
@@ -50,7 +52,8 @@ def test_summarise_exact_figures():
     assert s["tpot_p50_s"] == pytest.approx(0.2)  # NaN (single-token outputs) ignored
     assert s["hit_ratio"] == 0.25 and s["reused_tokens_mean"] == 25.0
     assert s["max_worker_share"] == 0.75
-    assert s["directory_mismatch_tokens"] == 16
+    assert s["directory_mismatch_tokens"] == 16 and s["mismatch_lost_s"] == 0.25
+    assert s["served_by"] == {"local_hit": 0.0, "tier_load": 0.25, "remote_transfer": 0.25, "recompute": 0.5}
     assert s["utilisation"] == pytest.approx(0.6)
 
 
@@ -66,3 +69,6 @@ def test_attribution_signs():
         "routing_gain_p50_s": -0.5,
         "routing_gain_p99_s": 5.0,
     }
+    configs["cost_aware_tiered"] = {"ttft_p50_s": 1.0, "ttft_p99_s": 12.0}
+    gains = attribution(configs)
+    assert (gains["tier_gain_p50_s"], gains["tier_gain_p99_s"]) == (2.5, -2.0)

@@ -101,7 +101,7 @@ def test_one_request_on_an_idle_worker():
     assert q + lk + x + p + f == approx(r.first_token_s - r.arrival_s)
     assert r.first_token_s - r.arrival_s == approx(0.066035)
     assert worker.step_end_s is None and worker.queued_prefill_tokens == 0
-    assert worker.events == [(r.prefill_end_s, "stored", [1, 2, 3, 4], None)]
+    assert worker.events == [(r.prefill_end_s, "stored", [1, 2, 3, 4], None, "gpu")]
     assert (worker.pool.used_blocks, worker.pool.eviction_order()) == (0, [4, 3, 2, 1])
 
 
@@ -174,7 +174,7 @@ def test_prefix_reuse_after_the_first_request_finished():
     # 22 tokens after 30 of context: 22 ms + 22 × 41.5 µs + 1 ms; lookup 10 + 5 ms
     assert b.lookup_s == approx(0.015)
     assert b.prefill_end_s == approx(1.0 + 0.015 + 0.022 + 0.000913 + 0.001)
-    assert worker.events[-1] == (b.prefill_end_s, "stored", [7, 8], 3)
+    assert worker.events[-1] == (b.prefill_end_s, "stored", [7, 8], 3, "gpu")
     assert worker.pool.eviction_order() == [4, 8, 7, 3, 2, 1]
 
 
@@ -206,7 +206,7 @@ def test_admission_blocked_while_kv_is_full_resumes_after_a_finish():
     assert q + lk + x + p + f == approx(b.first_token_s - b.arrival_s)
     # a's 4 cached blocks went idle tail-first; b evicted 2 of them, c one more
     removed = [e for e in worker.events if e[1] == "removed"]
-    assert removed == [(a.finish_s, "removed", [4, 3], None), (a.finish_s, "removed", [2], None)]
+    assert removed == [(a.finish_s, "removed", [4, 3], None, "gpu"), (a.finish_s, "removed", [2], None, "gpu")]
     assert worker.pool.eviction_order() == [1, 15, 14, 13, 12, 11]
 
 
