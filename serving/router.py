@@ -69,6 +69,17 @@ def load_tokens(snapshots: Sequence[WorkerSnapshot], expected_decode_tokens: int
     )
 
 
+def _fetch_reason(plan: ReusePlan, ctx: PolicyContext, local_s: float, index: int) -> str:
+    """Why a fetch won: what moves from where, and its predicted TTFT against the worker's own tiers."""
+    source = "the remote store" if plan.source_id == REMOTE_STORE_ID else f"worker {plan.source_id}"
+    conversion = " with layout conversion" if plan.conversion_factor else ""
+    score = ctx.calibrated.p50_s[index] if ctx.calibrated is not None else ctx.predictions.ttft_s[index]
+    return (
+        f"fetch {plan.fetch_blocks} blocks from {source}{conversion}: "
+        f"{score * 1e3:.1f} ms vs {local_s * 1e3:.1f} ms with its own tiers"
+    )
+
+
 class Router:
     """Cache- and load-aware router.
 
@@ -134,7 +145,9 @@ class Router:
         worker_ids = tuple(s.worker_id for s in snapshots)
         matches = self._match(request, snapshots, now_s)
         options = self._plans(request, snapshots) if self.settings.tiers else None
-        reusable, features, predictions, calibrated, plans = self._score(request, snapshots, matches, options)
+        reusable, features, predictions, calibrated, plans, local_score = self._score(
+            request, snapshots, matches, options
+        )
         ctx = PolicyContext(
             request=request,
             snapshots=tuple(snapshots),
@@ -150,6 +163,8 @@ class Router:
             true_ttft_s=true_ttft_s,
         )
         index, reason = self.policy.choose(ctx)
+        if plans and plans[index].option == "fetch":
+            reason += "; " + _fetch_reason(plans[index], ctx, local_score[index], index)
         on_routed = getattr(self.policy, "on_routed", None)
         if on_routed is not None:
             on_routed(ctx, index)
@@ -261,8 +276,10 @@ class Router:
         composed TTFT, as the cost-aware policies use it.
 
         Returns:
-            ``(reusable_tokens, features, predictions, calibrated, plans)`` per candidate;
-            ``plans`` is ``()`` when the router plans GPU-resident prefixes only.
+            ``(reusable_tokens, features, predictions, calibrated, plans, local_score)`` per
+            candidate; ``plans`` is ``()`` and ``local_score`` None when the router plans
+            GPU-resident prefixes only, else ``local_score`` is each candidate's score
+            with its own tiers (the alternative a fetch beat), seconds.
         """
         n = len(snapshots)
         block_size = request.namespace.block_size_tokens
@@ -282,7 +299,7 @@ class Router:
         predictions = self.cost_model.predict(features)
         calibrated = self.cost_model.calibrate(predictions) if self.cost_model.learned else None
         if plans is None:
-            return reusable, features, predictions, calibrated, ()
+            return reusable, features, predictions, calibrated, (), None
         score = calibrated.p50_s if calibrated is not None else predictions.ttft_s
         best = list(range(n))
         for row in range(n, len(plans)):
@@ -294,7 +311,8 @@ class Router:
         if calibrated is not None:
             chosen_calibrated = CalibratedTTFT(calibrated.p50_s[index], calibrated.p90_s[index])
         chosen_plans = tuple(plans[i] for i in best)
-        return reusable[index], features[index], predictions.take(index), chosen_calibrated, chosen_plans
+        chosen = (reusable[index], features[index], predictions.take(index), chosen_calibrated, chosen_plans)
+        return (*chosen, score[:n])
 
     def _skew_allowed(self, worker_ids: tuple[int, ...]) -> np.ndarray:
         total = sum(self._window_tokens.values())

@@ -183,6 +183,11 @@ def test_directory_lag_promises_an_evicted_prefix(lag_s, predicted, mismatch):
     assert req["predicted_reuse_tokens"].tolist() == predicted
     assert req["actual_reuse_tokens"].tolist() == [0, 0, 0]
     assert req["directory_mismatch_tokens"].tolist() == mismatch
+    # the promised hit falls back to recompute; the log prices it at the profile's prefill time
+    a100 = StepTimeModel.for_hardware("llama-3-8b", "a100")
+    lost_s = [a100.prefill_alone_s(m, 0) if m else 0.0 for m in mismatch]
+    assert req["mismatch_lost_s"].tolist() == pytest.approx(lost_s)
+    assert req["served_by"].tolist() == ["recompute"] * 3
 
 
 def test_directory_lag_hides_a_stored_prefix_without_a_mismatch():

@@ -3,7 +3,7 @@
 import pytest
 
 from kvcost.models.links import LinkSpec
-from kvcost.replay.tiers import Link, TierCache, TierConfig
+from kvcost.replay.tiers import Link, TierCache, TierConfig, WorkerTiers
 
 
 def test_second_transfer_on_a_busy_link_waits_for_the_first():
@@ -40,3 +40,29 @@ def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match=r"bandwidth_bytes_per_s = 0, expected a number > 0"):
         LinkSpec(0, 0.0)
     assert TierConfig(cpu_bytes=10, disk_bytes=25).capacity_blocks("disk", 8) == 3
+
+
+def test_demotion_order_gpu_to_cpu_to_disk_then_dropped():
+    tiers = WorkerTiers(TierConfig(cpu_bytes=2 * 40, disk_bytes=2 * 40, remote_bytes=0), block_bytes=40)
+    assert tiers.put_cpu([1, 2]) == [("stored", "cpu", [1, 2])]
+    assert tiers.put_cpu([3, 4]) == [
+        ("stored", "cpu", [3, 4]),
+        ("removed", "cpu", [1, 2]),
+        ("stored", "disk", [1, 2]),
+    ]
+    assert tiers.put_cpu([5]) == [
+        ("stored", "cpu", [5]),
+        ("removed", "cpu", [3]),
+        ("stored", "disk", [3]),
+        ("removed", "disk", [1]),  # dropped for good
+    ]
+    assert (tiers.cpu.order(), tiers.disk.order()) == ([4, 5], [2, 3])
+    assert tiers.match_below([9, 2, 3, 4, 5, 1], start=1) == (2, 2)  # 2, 3 on disk; 4, 5 in CPU; 1 gone
+
+
+def test_loads_read_disk_first_then_share_the_pcie_link():
+    config = TierConfig(cpu_bytes=400, disk_bytes=400, cpu_to_gpu=LinkSpec(400.0, 0.0), disk_to_cpu=LinkSpec(40.0, 0.0))
+    tiers = WorkerTiers(config, block_bytes=40)
+    assert tiers.load(1.0, [7], cpu_blocks=1, disk_blocks=0) == pytest.approx(1.1)  # 40 B at 400 B/s
+    # 1 disk block: 1 s of NVMe, then 2 blocks over PCIe (free again at 1.1) → 2.0 + 0.2
+    assert tiers.load(1.0, [8, 9], cpu_blocks=1, disk_blocks=1) == pytest.approx(2.2)

@@ -16,7 +16,9 @@ import pytest
 
 from kvcost.features.nominal import NominalCosts
 from kvcost.models.hardware import GpuSpec, StepTimeModel
+from kvcost.models.links import LinkSpec
 from kvcost.replay.kv_cache import BlockPool
+from kvcost.replay.tiers import TierConfig, WorkerTiers
 from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
 from tests.helpers import MS_PER_TOKEN_PROFILE, UNIT_MODEL
 
@@ -291,3 +293,23 @@ def drive_from(worker: SimWorker, request: SimRequest) -> float:
 def test_run_until_first_token_is_inf_when_never_admitted():
     worker = make_worker(capacity_blocks=3)
     assert worker.fork().run_until_first_token(req(0, 0.0, 45, 1, range(1, 6)), 0.0) == math.inf
+
+
+def test_lower_tier_hits_are_loaded_in_lookup_and_queue_on_the_pcie_link():
+    # 1 block = 10 tokens × 4 B = 40 B; PCIe at 400 B/s → 0.1 s per block, no setup
+    config = TierConfig(cpu_bytes=400, disk_bytes=0, remote_bytes=0, cpu_to_gpu=LinkSpec(400.0, 0.0))
+    worker = make_worker()
+    worker.tiers = WorkerTiers(config, block_bytes=40)
+    worker.tiers.put_cpu([1, 2])  # demoted earlier: in CPU, not in GPU
+    a, b = req(0, 0.0, 25, 2, (1, 2)), req(1, 0.0, 25, 2, (1, 2))
+    worker.enqueue(a)
+    worker.enqueue(b)
+    assert worker.start_step(0.0) == pytest.approx(0.212)  # nothing to compute: wait for a's load
+    assert (a.loaded_blocks, a.reused_tokens, a.served_by) == (2, 20, "tier_load")
+    # L = 10 ms + 2 × 1 ms lookup + the copy; b's copy queues behind a's
+    assert (a.lookup_s, b.lookup_s) == (pytest.approx(0.212), pytest.approx(0.412))
+    assert worker.snapshot(0.0).load_backlog_s == pytest.approx(0.4)
+    done = drive(worker, [])
+    assert done == [a, b]
+    assert a.prefill_end_s - (a.admitted_s + a.lookup_s) >= 0
+    assert a.first_token_s - a.arrival_s == pytest.approx(sum(terms(a)))

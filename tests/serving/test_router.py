@@ -4,14 +4,18 @@ Step times come from the linear step model of tests/conftest.py: 1 µs per batch
 token, 1e-12 s per prefill attention token pair, 1 ms per step, budget 8192.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.models.composition import TermPredictions
+from kvcost.models.links import LinkSpec
 from kvcost.serving.directory import CacheDirectory, Namespace
 from kvcost.serving.router import Router, RouterSettings, load_tokens
-from kvcost.serving.types import RouteRequest
+from kvcost.serving.types import ReusePlan, RouteRequest
 
 NS = Namespace("linear", block_size_tokens=512)
 
@@ -210,3 +214,58 @@ def test_settings_validation_names_field_and_value(field, value, message):
 def test_unknown_policy_in_settings(make_router):
     with pytest.raises(KeyError, match="unknown router policy 'fastest'"):
         make_router(policy="fastest")
+
+
+# -- tiers, transfers and compatibility --------------------------------------------------------------
+
+# 16 blocks of 512 tokens at 4 B per token (the linear model): 32,768 B to move
+PREFIX_BYTES = 16 * 512 * 4
+# idle worker, 8192-token prompt: recompute everything, or fetch 8191 reusable tokens and compute 1
+RECOMPUTE_S = 8192e-6 + 1e-3 + 8192 * 8193 / 2 * 1e-12
+AFTER_FETCH_S = 1e-6 + 1e-3 + 1 * 8192 * 1e-12
+LOAD_S = PREFIX_BYTES / 1e9  # CPU → GPU at 1 GB/s, no setup
+# the fetch wins iff network setup + transfer + load + remaining prefill < recompute
+BREAK_EVEN_SETUP_S = RECOMPUTE_S - AFTER_FETCH_S - LOAD_S - PREFIX_BYTES / 1e9
+
+
+@pytest.mark.parametrize(
+    ("setup_s", "option"), [(BREAK_EVEN_SETUP_S - 1e-6, "fetch"), (BREAK_EVEN_SETUP_S + 1e-6, "local")]
+)
+def test_transfer_wins_only_when_saved_compute_exceeds_its_cost(make_router, make_snapshot, setup_s, option):
+    costs = NominalCosts(cpu_to_gpu=LinkSpec(1e9, 0.0), network=LinkSpec(1e9, setup_s))
+    router = make_router(hot_directory(), tiers=True, transfers=True, costs=costs)
+    hot = make_snapshot(0, waiting_prefill=((10**6, 0),))  # holds the prefix behind a long queue
+    decision = router.route(request(8192, range(1, 17)), [hot, make_snapshot(1)], now_s=0.0)
+    assert decision.worker_id == 1
+    plan = decision.plans[1]
+    assert plan.option == option
+    assert decision.plans[0] == ReusePlan("local", gpu_blocks=16)
+    if option == "fetch":
+        assert (plan.fetch_blocks, plan.source_id) == (16, 0)
+        assert decision.predictions.transfer_s[1] == pytest.approx(setup_s + PREFIX_BYTES / 1e9)
+        assert "fetch 16 blocks from worker 0" in decision.reason
+    else:
+        assert decision.reusable_tokens[1] == 0 and decision.predictions.transfer_s[1] == 0.0
+
+
+def test_incompatible_layouts_are_never_reused_and_other_models_are_filtered(make_router, make_snapshot):
+    router = make_router(hot_directory(), tiers=True, transfers=True)
+    snapshots = [
+        make_snapshot(0, namespace=NS, waiting_prefill=((10**6, 0),)),
+        make_snapshot(1, namespace=replace(NS, kv_layout="fp8-tp1")),  # other dtype: not reusable
+        make_snapshot(2, namespace=replace(NS, kv_layout="bf16-tp2")),  # re-shard: allowed, at a cost
+        make_snapshot(3, namespace=Namespace("other-model", block_size_tokens=512)),  # cannot serve it
+    ]
+    decision = router.route(request(8192, range(1, 17)), snapshots, now_s=0.0)
+    assert decision.worker_ids == (0, 1, 2)
+    assert decision.plans[1] == ReusePlan("local", gpu_blocks=0)
+    assert decision.reusable_tokens[1] == 0
+    fetch = [p for p in decision.plans if p.option == "fetch"]
+    assert all(p.source_id == 0 and p.conversion_factor == 1.0 for p in fetch)
+    with pytest.raises(ValueError, match="no candidate serves namespace"):
+        router.route(request(8192, range(1, 17)), snapshots[3:], now_s=0.0)
+
+
+def test_transfers_need_tiers():
+    with pytest.raises(ValueError, match="transfers = True needs tiers = True"):
+        RouterSettings(transfers=True)
