@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from kvcost.models.hardware import DEFAULT_GPU_MEMORY_UTILIZATION, GPUS, MODELS
+from kvcost.serving.eviction import EVICTION_POLICIES
 from kvcost.serving.router import RouterSettings
 
 
@@ -43,6 +44,8 @@ class ClusterConfig:
         sample_interval_s: period of the ``worker_samples`` log.
         warmup_s: requests arriving before this are simulated (they warm the cache) but not measured.
         router: the router's settings (policy, limits).
+        eviction_policy: registered KV eviction policy of every worker's pool
+            (``kvcost.serving.eviction``; default ``lru``, vLLM's order).
     """
 
     model: str = "llama-3-8b"
@@ -58,9 +61,11 @@ class ClusterConfig:
     sample_interval_s: float = 1.0
     warmup_s: float = 0.0
     router: RouterSettings = field(default_factory=RouterSettings)
+    eviction_policy: str = "lru"
 
     def __post_init__(self) -> None:
         MODELS.get(self.model)
+        EVICTION_POLICIES.get(self.eviction_policy)
         if not self.fleet:
             raise ValueError("fleet is empty, expected at least one worker")
         for gpu in self.fleet:

@@ -285,7 +285,7 @@ class SimWorker:
     def _admit(self, request: SimRequest, now_s: float) -> bool:
         n_full = request.input_tokens // self.block_size_tokens
         total_blocks = -(-(request.input_tokens + request.output_tokens) // self.block_size_tokens)
-        allocation, evicted = self.pool.try_allocate(request.full_block_hashes[:n_full], total_blocks)
+        allocation, evicted = self.pool.try_allocate(request.full_block_hashes[:n_full], total_blocks, now_s)
         if allocation is None:
             return False
         if evicted:
@@ -307,7 +307,7 @@ class SimWorker:
         request.prefill_end_s = now_s
         n_full = request.input_tokens // self.block_size_tokens
         chain = request.full_block_hashes[:n_full]
-        if self.pool.register_prefill(request.allocation, chain):
+        if self.pool.register_prefill(request.allocation, chain, now_s):
             reused = request.allocation.reused_blocks
             parent = chain[reused - 1] if reused else None
             self.events.append((now_s, "stored", list(chain[reused:]), parent))
@@ -334,7 +334,7 @@ class SimWorker:
 
     def _complete(self, request: SimRequest, now_s: float, done: list[SimRequest]) -> None:
         request.finish_s = now_s
-        self.pool.free(request.allocation)
+        self.pool.free(request.allocation, now_s)
         done.append(request)
 
     def _next_jitter(self) -> float:
