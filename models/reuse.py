@@ -100,7 +100,9 @@ class ReuseClassifier:
             raise ValueError(f"frame lacks columns {missing}, expected EVICTION_FEATURE_NAMES and 'label'")
         labels = frame["label"].to_numpy(dtype=np.float64)
         if len(np.unique(labels)) < 2:
-            raise ValueError(f"label has {len(np.unique(labels))} class(es) in {len(frame)} rows, expected both 0 and 1")
+            raise ValueError(
+                f"label has {len(np.unique(labels))} class(es) in {len(frame)} rows, expected both 0 and 1"
+            )
         params = dict(self.params)
         rounds = int(params.pop("num_boost_round"))
         x = frame[list(EVICTION_FEATURE_NAMES)].to_numpy(dtype=np.float64)

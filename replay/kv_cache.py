@@ -125,9 +125,12 @@ class BlockPool:
             n += 1
         return n
 
-    def eviction_order(self) -> list[int]:
-        """Idle block hashes in the order they would be evicted (first = next), values as of now."""
-        return list(self._idle) if self._index is None else self._index.eviction_order()
+    def eviction_order(self, now_s: float | None = None) -> list[int]:
+        """Idle block hashes in the order they would be evicted (first = next).
+
+        ``now_s`` re-scores time-varying policies at that time (see ``EvictionIndex.eviction_order``).
+        """
+        return list(self._idle) if self._index is None else self._index.eviction_order(now_s)
 
     def fork(self) -> BlockPool:
         """An independent copy (for what-if simulation: the oracle)."""

@@ -82,7 +82,7 @@ class NodeTable:
                 raise ValueError(f"{f.name} has shape {value.shape}, expected ({n},) like depth_blocks")
             object.__setattr__(self, f.name, value)
         if n and not np.all(self.size_bytes > 0):
-            raise ValueError(f"size_bytes min = {self.size_bytes.min()!r}, expected every value > 0")
+            raise ValueError(f"size_bytes min = {float(self.size_bytes.min())!r}, expected every value > 0")
         if n and (self.parent.min() < -1 or self.parent.max() >= n):
             raise ValueError(
                 f"parent range [{self.parent.min()}, {self.parent.max()}], expected −1 or a row in [0, {n})"
@@ -149,6 +149,10 @@ class EvictionPolicy:
         """Value terms, each float64 ``(n,)``: at least ``value`` (lower = evict first); see :data:`VALUE_TERMS`."""
         raise NotImplementedError
 
+    def score_new(self, nodes: NodeTable, now_s: float) -> np.ndarray:
+        """``value`` of blocks that just turned idle, scored between re-ranks (default: ``terms``)."""
+        return self.terms(nodes, now_s)["value"]
+
     def on_hit(self, hits: int, idle_age_s: float) -> None:
         """An idle block with ``hits`` earlier hits was reused after ``idle_age_s`` seconds idle."""
 
@@ -184,12 +188,13 @@ class Ranking:
 def rank_nodes(policy: EvictionPolicy, nodes: NodeTable, now_s: float) -> Ranking:
     """Full eviction order of ``nodes`` under ``policy`` at ``now_s``, vectorised.
 
-    For ``lru`` (``leaves_only`` False): ascending ``value``, ties deeper first
-    (vLLM frees a request's blocks tail first), then row. For leaf-only
-    policies a parent can only go after all its children; with values fixed,
-    repeatedly evicting the lowest-value leaf equals sorting by the subtree
-    maximum ``k(node) = max(value(node), k(children))``, ties deeper first
-    (children before parents), then older ``last_access_s``, then row.
+    Ties go to the older ``last_access_s``, then the deeper block (vLLM frees
+    a request's blocks tail first), then the row. For leaf-only policies a
+    parent can only go after all its children; with values fixed, repeatedly
+    evicting the lowest-value leaf equals sorting by the subtree maximum
+    ``k(node) = max(value(node), k(children))`` with those tie-breaks (a parent
+    is referenced whenever its child is, so it is never older than the child,
+    and on equal age the deeper child goes first).
     ``k`` is propagated level by level from the deepest nodes (one vectorised
     step per depth level).
 
@@ -203,7 +208,7 @@ def rank_nodes(policy: EvictionPolicy, nodes: NodeTable, now_s: float) -> Rankin
     if policy.leaves_only and len(nodes):
         key = subtree_max(key, nodes.parent, nodes.depth_blocks)
     rows = np.arange(len(nodes))
-    order = np.lexsort((rows, nodes.last_access_s, -nodes.depth_blocks, key))
+    order = np.lexsort((rows, -nodes.depth_blocks, nodes.last_access_s, key))
     return Ranking(order=order.astype(np.int64), terms=terms)
 
 

@@ -8,10 +8,14 @@ import numpy as np
 from kvcost.serving.eviction.base import EVICTION_POLICIES, EvictionPolicy, NodeTable, base_terms
 
 
-def _normalise(x: np.ndarray) -> np.ndarray:
-    """Min-max scale to [0, 1] over the candidates (all 0 when they are equal)."""
-    lo, hi = (float(x.min()), float(x.max())) if len(x) else (0.0, 0.0)
-    return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x, dtype=np.float64)
+def _bounds(x: np.ndarray) -> tuple[float, float]:
+    return (float(x.min()), float(x.max())) if len(x) else (0.0, 0.0)
+
+
+def _normalise(x: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
+    """Min-max scale to [0, 1] with ``bounds`` (all 0 when they are equal), clipped."""
+    lo, hi = bounds
+    return np.clip((x - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.zeros_like(x, dtype=np.float64)
 
 
 @EVICTION_POLICIES.register("flop_aware")
@@ -30,7 +34,22 @@ class FlopAwarePolicy(EvictionPolicy):
     name = "flop_aware"
     time_varying = True
 
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._scales: tuple[tuple[float, float], tuple[float, float]] | None = None
+
     def terms(self, nodes: NodeTable, now_s: float) -> dict[str, np.ndarray]:
-        recency = _normalise(nodes.last_access_s.astype(np.float64))
-        efficiency = _normalise(nodes.flops_saved / nodes.size_bytes)
-        return base_terms(nodes, recency + self.context.flop_alpha * efficiency)
+        """Normalised over ``nodes`` (all candidates); the bounds are kept for :meth:`score_new`."""
+        recency, efficiency = nodes.last_access_s.astype(np.float64), nodes.flops_saved / nodes.size_bytes
+        self._scales = (_bounds(recency), _bounds(efficiency))
+        return base_terms(nodes, self._utility(recency, efficiency))
+
+    def score_new(self, nodes: NodeTable, now_s: float) -> np.ndarray:
+        """Blocks turning idle between re-ranks: normalised with the last re-rank's bounds (recency clips at 1)."""
+        if self._scales is None:
+            return self.terms(nodes, now_s)["value"]
+        return self._utility(nodes.last_access_s.astype(np.float64), nodes.flops_saved / nodes.size_bytes)
+
+    def _utility(self, recency: np.ndarray, efficiency: np.ndarray) -> np.ndarray:
+        scale_r, scale_e = self._scales
+        return _normalise(recency, scale_r) + self.context.flop_alpha * _normalise(efficiency, scale_e)

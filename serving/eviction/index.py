@@ -3,8 +3,8 @@
 Per cached block (a *slot*, at most the pool's capacity) it keeps the
 statistics of :class:`~kvcost.serving.eviction.base.NodeTable` in NumPy
 arrays, the block's current value and whether it is a candidate (idle, and
-for leaf-only policies a leaf). The heap holds ``(value, -depth,
-last_access_s, seq, slot)`` entries; an entry whose ``seq`` is no longer the
+for leaf-only policies a leaf). The heap holds ``(value,
+last_access_s, -depth, seq, slot)`` entries; an entry whose ``seq`` is no longer the
 slot's is stale and skipped when popped (lazy deletion).
 
 Scoring is batched, never per block:
@@ -13,7 +13,7 @@ Scoring is batched, never per block:
   (:meth:`EvictionIndex.on_idle`), idle parents included, so that a parent
   exposed later by an eviction already has a value;
 * time-varying policies (``lhd``, ``flop_aware``, ``cost_aware``) re-score
-  every idle block in one call and rebuild the heap when ``rerank_interval_s``
+  every candidate in one call and rebuild the heap when ``rerank_interval_s``
   of simulated time has passed since the last re-rank (checked on
   :meth:`pop`).
 
@@ -111,7 +111,7 @@ class EvictionIndex:
         self.idle[slots] = True
         self.last_access_s[slots] = now_s
         self.request_blocks[slots] = request_blocks
-        self.value[slots] = self.policy.terms(self.table(slots), now_s)["value"]
+        self.value[slots] = self.policy.score_new(self.table(slots), now_s)
         for slot in slots.tolist():
             if self._is_candidate(slot):
                 self._push(slot)
@@ -135,15 +135,20 @@ class EvictionIndex:
         return block_hash
 
     def rerank(self, now_s: float) -> None:
-        """Re-score every idle block in one call and rebuild the heap of candidates."""
+        """Re-score every candidate (idle leaf, or idle block for ``lru``-like policies) in one call; rebuild the heap.
+
+        Idle inner blocks keep the value they got when they turned idle until they become leaves
+        and the next re-rank reaches them (a chain's inner blocks outnumber its leaf ~20:1 on the
+        conversation trace, so this keeps a re-rank cheap).
+        """
         self._last_rerank_s = now_s
-        slots = np.flatnonzero(self.idle)
+        candidate = self.idle & (self.children == 0) if self.policy.leaves_only else self.idle
+        slots = np.flatnonzero(candidate)
         if len(slots):
             self.value[slots] = self.policy.terms(self.table(slots), now_s)["value"]
         self._heap = []
         for slot in slots.tolist():
-            if self._is_candidate(slot):
-                self._push(slot, heapify=False)
+            self._push(slot, heapify=False)
         heapq.heapify(self._heap)
 
     # -- views ---------------------------------------------------------------------
@@ -171,13 +176,16 @@ class EvictionIndex:
             parent=parent if parent is not None else np.full(n, -1, dtype=np.int64),
         )
 
-    def eviction_order(self) -> list[Hashable]:
-        """Idle hashes in the order they would be evicted with the current values and no time passing."""
+    def eviction_order(self, now_s: float | None = None) -> list[Hashable]:
+        """Idle hashes in eviction order with the stored values, or (``now_s`` given, time-varying
+        policies) with every idle block re-scored at ``now_s``; no time passes."""
         slots = np.flatnonzero(self.idle)
-        key = self.value[slots]
+        table = self.table(slots, with_parents=True)
+        fresh = now_s is not None and self.policy.time_varying and len(slots)
+        key = self.policy.terms(table, now_s)["value"] if fresh else self.value[slots]
         if self.policy.leaves_only:
-            key = subtree_max(key, self.table(slots, with_parents=True).parent, self.depth[slots])
-        order = np.lexsort((self.seq[slots], self.last_access_s[slots], -self.depth[slots], key))
+            key = subtree_max(key, table.parent, self.depth[slots])
+        order = np.lexsort((self.seq[slots], -self.depth[slots], self.last_access_s[slots], key))
         return [self._hash_of[s] for s in slots[order].tolist()]
 
     def fork(self) -> EvictionIndex:
@@ -199,7 +207,7 @@ class EvictionIndex:
     def _push(self, slot: int, heapify: bool = True) -> None:
         self._counter += 1
         self.seq[slot] = self._counter
-        entry = (float(self.value[slot]), -int(self.depth[slot]), float(self.last_access_s[slot]), self._counter, slot)
+        entry = (float(self.value[slot]), float(self.last_access_s[slot]), -int(self.depth[slot]), self._counter, slot)
         if heapify:
             heapq.heappush(self._heap, entry)
         else:
