@@ -309,7 +309,8 @@ def eviction_study(
     console.print(table)
     for gain in result["cost_aware_vs_lru"]:
         console.print(
-            f"cache {gain['cache_fraction']:g}: cost_aware saves {gain['prefill_saved_gain']:+.1%} prefill seconds vs lru"
+            f"cache {gain['cache_fraction']:g}: cost_aware saves "
+            f"{gain['prefill_saved_gain']:+.1%} prefill seconds vs lru"
         )
     console.print(f"report: {folder / 'eviction.md'} ({result['wall_s']:.0f} s)")
 

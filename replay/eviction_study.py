@@ -353,9 +353,11 @@ def write_study_md(path: Path, result: dict) -> None:
         [
             f"# kvcost eviction study — {result['trace']}",
             f"{result['requests']} requests, {result['distinct_blocks']} distinct blocks, {result['workers']} workers, "
-            f"rate scale {result['rate_scale']:g}, seed {result['seed']}, router `cost_aware`. "
-            f"{result['capacity_note']}. Reuse classifier trained on arrivals before {result['split_s']:.0f} s "
-            f"(replay time, `lru`); every policy measured after it. Re-rank interval {result['rerank_interval_s']:g} s; "
+            f"rate scale {result['rate_scale']:g}, seed {result['seed']}, "
+            "router `cost_aware`. "
+            f"{result['capacity_note']}. H and the reuse classifier come from arrivals before "
+            f"{result['split_s']:.0f} s (replay time, `lru`); every policy is measured after it. "
+            f"Re-rank interval {result['rerank_interval_s']:g} s; "
             f"cost_aware's P(reuse): `{result['reuse_model']}`.",
             markdown_table(header, body),
             "## cost_aware vs lru\n\n" + (gains or "(not run)"),

@@ -45,9 +45,9 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.serving.directory import Namespace
+from kvcost.serving.eviction.wire import rank_request
 from kvcost.serving.kv_events import KVEventIngestor
 from kvcost.serving.kv_subscriber import KVEventSource, KVEventSubscriber
-from kvcost.serving.eviction.wire import rank_request
 from kvcost.serving.schemas import (
     MAX_ID,
     EvictRankIn,

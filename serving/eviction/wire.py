@@ -50,7 +50,9 @@ def node_table(body: EvictRankIn) -> NodeTable:
         size_bytes=col("size_bytes"),
         prefill_saved_s=prefill_s,
         restore_s=np.array([math.inf if n.restore_s is None else n.restore_s for n in nodes]),
-        flops_saved=np.array([p if n.flops_saved is None else n.flops_saved for n, p in zip(nodes, prefill_s)]),
+        flops_saved=np.array(
+            [p if n.flops_saved is None else n.flops_saved for n, p in zip(nodes, prefill_s, strict=True)]
+        ),
         category=col("category", np.int64),
         request_blocks=np.array([n.depth_blocks + 1 if n.request_blocks is None else n.request_blocks for n in nodes]),
         parent=parent,
