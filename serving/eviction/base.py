@@ -207,8 +207,7 @@ def rank_nodes(policy: EvictionPolicy, nodes: NodeTable, now_s: float) -> Rankin
     key = terms["value"].copy()
     if policy.leaves_only and len(nodes):
         key = subtree_max(key, nodes.parent, nodes.depth_blocks)
-    rows = np.arange(len(nodes))
-    order = np.lexsort((rows, -nodes.depth_blocks, nodes.last_access_s, key))
+    order = np.lexsort((-nodes.depth_blocks, nodes.last_access_s, key))  # stable: the row breaks the last ties
     return Ranking(order=order.astype(np.int64), terms=terms)
 
 
