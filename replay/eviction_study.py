@@ -147,7 +147,9 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
     horizon_s = s.horizon_s or (measured_h if math.isfinite(measured_h) else cut_s)
     size_bytes = trace.block_size_tokens * sim.step_models["a100"].model.kv_bytes_per_token
     frame = reuse_training_frame(events, horizon_s, size_bytes, seed=s.seed, end_s=cut_s)
-    model = ReuseClassifier(horizon_s).fit(frame) if s.reuse_model == "lightgbm" else ReuseClassifier(horizon_s)
+    # one label class (e.g. nothing evicted in the training part at a large cache): no classifier, the prior
+    fit = s.reuse_model == "lightgbm" and frame["label"].nunique() == 2
+    model = ReuseClassifier(horizon_s).fit(frame) if fit else ReuseClassifier(horizon_s)
     if model.booster is not None:
         model.save(model_dir)
     else:
@@ -159,6 +161,7 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
         "characteristic_time_s": measured_h,
         "training_rows": int(len(frame)),
         "positive_share": float(frame["label"].mean()),
+        "classifier_fitted": model.booster is not None,
         "block_events": int(len(events)),
     }
 
@@ -179,7 +182,7 @@ def run_policy(s: StudySettings, fraction: float, capacity_blocks: int, policy: 
     trace = _trace(s.trace, s.duration_s, s.rate_scale, s.seed)
     reuse_model, horizon_s = None, s.horizon_s or 300.0
     if policy == "cost_aware" and model_dir is not None:
-        if s.reuse_model == "lightgbm":
+        if (model_dir / "manifest.json").exists():
             reuse_model = ReuseClassifier.load(model_dir)
             horizon_s = reuse_model.horizon_s
         else:
