@@ -257,6 +257,64 @@ def _print_bench(result: dict) -> None:
     console.print(f"report: {Path(result['out']) / 'bench.md'}")
 
 
+@app.command("eviction-study")
+def eviction_study(
+    trace: TraceOpt = "mooncake-conversation",
+    duration_s: DurationOpt = None,
+    fractions: Annotated[str, typer.Option(help="Cache sizes: fractions of the trace's distinct blocks.")] = (
+        "0.05,0.1,0.25,0.5"
+    ),
+    policies: Annotated[str | None, typer.Option(help="Comma-separated eviction policies (default: all).")] = None,
+    rate_scale: RateOpt = 0.55,
+    seed: SeedOpt = 0,
+    horizon_s: Annotated[
+        float | None, typer.Option(help="cost_aware's reuse horizon H, s (default: measured on the training log).")
+    ] = None,
+    reuse_model: Annotated[str, typer.Option(help="cost_aware's P(reuse): prior or lightgbm.")] = "prior",
+    jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = 2,
+    out: OutOpt = None,
+) -> None:
+    """Every eviction policy at several what-if cache sizes: eviction.json, eviction.md, eviction.png."""
+    from kvcost.replay.eviction_study import STUDY_POLICIES, StudySettings, run_study, study_table
+
+    def parse() -> StudySettings:
+        try:
+            sizes = tuple(float(x) for x in fractions.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"fractions = {fractions!r}, expected comma-separated numbers such as 0.05,0.1") from None
+        names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else STUDY_POLICIES
+        return StudySettings(
+            trace=trace,
+            duration_s=duration_s,
+            fractions=sizes,
+            policies=names,
+            rate_scale=rate_scale,
+            seed=seed,
+            horizon_s=horizon_s,
+            reuse_model=reuse_model,
+            jobs=jobs,
+        )
+
+    settings = _guard(parse)
+    folder = out if out is not None else Path("runs") / "eviction-study"
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    total = len(settings.fractions) * (len(settings.policies) + ("cost_aware" in settings.policies))
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("eviction study runs", total=total)
+        result = _guard(lambda: run_study(settings, folder, lambda n: progress.advance(task, n)))
+    header, rows = study_table(result["results"])
+    table = Table(*header, title=f"kvcost eviction study — {result['trace']} ({result['distinct_blocks']} blocks)")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    for gain in result["cost_aware_vs_lru"]:
+        console.print(
+            f"cache {gain['cache_fraction']:g}: cost_aware saves "
+            f"{gain['prefill_saved_gain']:+.1%} prefill seconds vs lru"
+        )
+    console.print(f"report: {folder / 'eviction.md'} ({result['wall_s']:.0f} s)")
+
+
 MlflowOpt = Annotated[
     str | None, typer.Option(help="MLflow tracking URI (default sqlite:///runs/mlflow.db, artifacts in runs/).")
 ]

@@ -9,6 +9,8 @@ Tables (all keyed by ``run_id``; one run = one configuration replayed or served)
 * ``candidates`` — one row per request × candidate worker: the feature row
   (``kvcost.features.spec.FEATURE_SPEC``, same names) and the predicted terms.
 * ``worker_samples`` — each worker's queue and KV usage over time.
+* ``block_events`` — KV block access history of each worker's pool (stored / hit / idle /
+  evicted), the training data of the reuse classifier (:mod:`kvcost.models.reuse`).
 
 The database is appended to, never overwritten. A log written by an older
 kvcost gains the columns added since (``ALTER TABLE … ADD COLUMN``, NULL in
@@ -96,6 +98,15 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         Column("queued_prefill_tokens", "BIGINT", "prefill tokens left in the queue"),
         Column("kv_usage", "DOUBLE", "KV blocks used by running requests / capacity"),
         Column("idle_cached_blocks", "BIGINT", "cached blocks with refcount 0"),
+    ),
+    "block_events": (
+        RUN_ID,
+        Column("worker_id", "BIGINT", "worker whose pool logged the event"),
+        Column("t_s", "DOUBLE", "event time on the replay clock, seconds"),
+        Column("block_hash", "UBIGINT", "block hash (64-bit, chained over the prefix)"),
+        Column("event", "VARCHAR", "stored (computed and cached), hit (reused), idle (refcount 0), evicted"),
+        Column("depth_blocks", "BIGINT", "0-based position of the block in its prefix"),
+        Column("request_blocks", "BIGINT", "full prompt blocks of the request involved (0 for evicted)"),
     ),
 }
 
@@ -231,6 +242,12 @@ class LogStore:
             con.unregister("_kvcost_columns")
         return arrow.num_rows
 
+    def read_block_events(self, run_id: str) -> pd.DataFrame:
+        """The ``block_events`` rows of ``run_id`` (without ``run_id``), in logged order per worker."""
+        names = ", ".join(c.name for c in SCHEMA["block_events"] if c.name != "run_id")
+        sql = f"SELECT {names} FROM block_events WHERE run_id = ? ORDER BY worker_id, rowid"
+        return self.connection.execute(sql, [run_id]).df()
+
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """``BEGIN`` … ``COMMIT`` (``ROLLBACK`` and re-raise on error); the commit is durable when it returns.
@@ -252,6 +269,7 @@ class LogStore:
 _ARROW_TYPES = {
     "VARCHAR": pa.string(),
     "BIGINT": pa.int64(),
+    "UBIGINT": pa.uint64(),
     "DOUBLE": pa.float64(),
     "BOOLEAN": pa.bool_(),
     "TIMESTAMP": pa.timestamp("us"),

@@ -86,3 +86,23 @@ def feature_spec_hash(spec: tuple[Feature, ...] = FEATURE_SPEC) -> str:
     payload = [{k: v for k, v in asdict(f).items() if k != "description"} for f in spec]
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
     return digest[:16]
+
+
+# -- eviction ------------------------------------------------------------------------------
+#: Features of one idle cached block (a prefix node) at a moment ``now_s``, for the reuse
+#: classifier of ``cost_aware`` eviction (:mod:`kvcost.models.reuse`); built by
+#: :func:`kvcost.features.eviction.eviction_features` as float64 ``(n, len(EVICTION_FEATURE_SPEC))``.
+#: Hashed separately from FEATURE_SPEC: a reuse model records ``feature_spec_hash(EVICTION_FEATURE_SPEC)``.
+EVICTION_FEATURE_SPEC: tuple[Feature, ...] = (
+    Feature("depth_blocks", "BIGINT", "blocks", "block: 0-based position in its prefix"),
+    Feature("hits", "BIGINT", "hits", "block: reuses since it was stored"),
+    Feature("idle_s", "DOUBLE", "s", "block: now - last access (time idle)"),
+    Feature("age_s", "DOUBLE", "s", "block: now - time stored"),
+    Feature("size_bytes", "DOUBLE", "bytes", "block: KV bytes held"),
+    Feature("category", "BIGINT", "code", "request: category code from the caller, 0 = unknown"),
+    Feature("request_blocks", "BIGINT", "blocks", "request: full prompt blocks of the last request holding it"),
+    Feature("tail_distance_blocks", "BIGINT", "blocks", "request_blocks - 1 - depth_blocks, ≥ 0 (0 = its tail)"),
+    Feature("mean_reuse_gap_s", "DOUBLE", "s", "block: (last access - stored) / hits, −1 if never hit"),
+)
+
+EVICTION_FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in EVICTION_FEATURE_SPEC)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from kvcost.models.hardware import DEFAULT_GPU_MEMORY_UTILIZATION, GPUS, MODELS
 from kvcost.replay.tiers import TierConfig
+from kvcost.serving.eviction import EVICTION_POLICIES
 from kvcost.serving.router import RouterSettings
 
 
@@ -47,6 +48,8 @@ class ClusterConfig:
             make it plan lower-tier loads and fetches).
         tiers: CPU / disk tiers per worker and a shared remote store behind the GPU
             pools (``kvcost.replay.tiers``); None = GPU only.
+        eviction_policy: registered KV eviction policy of every worker's pool
+            (``kvcost.serving.eviction``; default ``lru``, vLLM's order).
     """
 
     model: str = "llama-3-8b"
@@ -63,9 +66,11 @@ class ClusterConfig:
     warmup_s: float = 0.0
     router: RouterSettings = field(default_factory=RouterSettings)
     tiers: TierConfig | None = None
+    eviction_policy: str = "lru"
 
     def __post_init__(self) -> None:
         MODELS.get(self.model)
+        EVICTION_POLICIES.get(self.eviction_policy)
         if not self.fleet:
             raise ValueError("fleet is empty, expected at least one worker")
         for gpu in self.fleet:

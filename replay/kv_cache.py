@@ -7,7 +7,10 @@ Mechanism follows vLLM v1 (``vllm/v1/core/block_pool.py`` and
 * only *full* prompt blocks are hashed and cached; matching walks the
   request's chained block hashes from the start and stops at the first miss;
 * a cached block has a reference count; only idle blocks (refcount 0) may be
-  evicted, least recently freed first; blocks of running requests never are;
+  evicted; blocks of running requests never are. By default (``lru``) the
+  least recently freed goes first; another registered eviction policy
+  (:mod:`kvcost.serving.eviction`) ranks idle leaves through an
+  :class:`~kvcost.serving.eviction.index.EvictionIndex`;
 * when a request finishes its blocks are freed in *reverse* order, so the tail
   of a prefix is evicted before its head (vLLM frees ``reversed(blocks)``).
 
@@ -16,7 +19,11 @@ so the simulator never preempts; a request that does not fit waits (FCFS
 head-of-line), which is how "active requests need the space" shows up.
 
 Events (stored / removed block hashes) are returned to the caller, which
-delivers them to the cache directory, possibly late.
+delivers them to the cache directory, possibly late. With ``record_events``
+the pool also keeps the block access history (:data:`BLOCK_EVENT_COLUMNS`),
+the training data of the reuse classifier (:mod:`kvcost.models.reuse`).
+
+Times are passed in (``now_s`` arguments, simulated seconds); no clock is read.
 """
 
 from __future__ import annotations
@@ -24,6 +31,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from kvcost.serving.eviction.index import EvictionIndex
+
+#: Columns of one access-history row: time (s), block hash, event, depth (0-based, blocks), and the
+#: full prompt blocks of the request involved. Events: ``stored`` (computed and cached: a miss),
+#: ``hit`` (reused at admission), ``idle`` (reference count reached 0), ``evicted``.
+BLOCK_EVENT_COLUMNS: tuple[str, ...] = ("t_s", "block_hash", "event", "depth_blocks", "request_blocks")
 
 
 @dataclass(slots=True)
@@ -44,17 +58,26 @@ class Allocation:
 
 
 class BlockPool:
-    """Fixed-capacity block pool with LRU eviction of idle cached blocks.
+    """Fixed-capacity block pool with pluggable eviction of idle cached blocks.
 
     Args:
         capacity_blocks: total KV blocks on the GPU (≥ 1).
         cache_enabled: False disables prefix reuse entirely (``--cache off``):
             nothing is matched, nothing is retained after a request ends.
+        eviction: None = ``lru`` (vLLM's order, least recently freed first, exactly);
+            or an :class:`EvictionIndex` of this pool's capacity built for another policy.
+        record_events: keep the access history in :attr:`block_events`.
 
     Thread safety: single-threaded (one simulated worker).
     """
 
-    def __init__(self, capacity_blocks: int, cache_enabled: bool = True) -> None:
+    def __init__(
+        self,
+        capacity_blocks: int,
+        cache_enabled: bool = True,
+        eviction: EvictionIndex | None = None,
+        record_events: bool = False,
+    ) -> None:
         if capacity_blocks < 1:
             raise ValueError(f"capacity_blocks = {capacity_blocks}, expected an integer ≥ 1")
         self.capacity_blocks = capacity_blocks
@@ -62,6 +85,14 @@ class BlockPool:
         self._refcount: dict[int, int] = {}
         self._idle: OrderedDict[int, None] = OrderedDict()  # LRU order: first is evicted first
         self._private_blocks = 0
+        self._index = eviction
+        self.block_events: list[tuple] | None = [] if record_events else None
+        self._depth: dict[int, int] = {}  # depth of cached blocks, kept only while recording
+
+    @property
+    def eviction_policy(self) -> str:
+        """Name of the eviction policy."""
+        return "lru" if self._index is None else self._index.policy.name
 
     # -- queries -----------------------------------------------------------------
     @property
@@ -94,9 +125,12 @@ class BlockPool:
             n += 1
         return n
 
-    def eviction_order(self) -> list[int]:
-        """Idle block hashes in the order they would be evicted (first = next)."""
-        return list(self._idle)
+    def eviction_order(self, now_s: float | None = None) -> list[int]:
+        """Idle block hashes in the order they would be evicted (first = next).
+
+        ``now_s`` re-scores time-varying policies at that time (see ``EvictionIndex.eviction_order``).
+        """
+        return list(self._idle) if self._index is None else self._index.eviction_order(now_s)
 
     def fork(self) -> BlockPool:
         """An independent copy (for what-if simulation: the oracle)."""
@@ -106,15 +140,21 @@ class BlockPool:
         twin._refcount = dict(self._refcount)
         twin._idle = OrderedDict(self._idle)
         twin._private_blocks = self._private_blocks
+        twin._index = self._index.fork() if self._index is not None else None
+        twin.block_events = None
+        twin._depth = dict(self._depth)
         return twin
 
     # -- mechanism ---------------------------------------------------------------
-    def try_allocate(self, full_block_hashes: Sequence[int], total_blocks: int) -> tuple[Allocation | None, list[int]]:
+    def try_allocate(
+        self, full_block_hashes: Sequence[int], total_blocks: int, now_s: float = 0.0
+    ) -> tuple[Allocation | None, list[int]]:
         """Admit a request: reuse its cached prefix and reserve the rest.
 
         Args:
             full_block_hashes: hashes of the prompt's full blocks, in order.
             total_blocks: blocks the whole sequence needs (prompt + output), ≥ len(full_block_hashes).
+            now_s: admission time (simulated seconds), for the eviction policy and the history.
 
         Returns:
             ``(allocation, evicted_hashes)``; ``allocation`` is None (and nothing
@@ -127,13 +167,16 @@ class BlockPool:
         if self.free_blocks + len(self._idle) - reused_idle < needed:
             return None, []
         for block_hash in reused_hashes:
-            self._ref(block_hash)
-        evicted = self._evict(needed - self.free_blocks)
+            self._ref(block_hash, now_s, hit=True)
+        self._record_chain(now_s, reused_hashes, "hit", len(full_block_hashes))
+        evicted = self._evict(needed - self.free_blocks, now_s)
         self._private_blocks += needed
         return Allocation(list(reused_hashes), needed, reused), evicted
 
-    def register_prefill(self, allocation: Allocation, full_block_hashes: Sequence[int]) -> list[int]:
-        """After prefill, move the request's computed full prompt blocks into the prefix cache.
+    def register_prefill(
+        self, allocation: Allocation, full_block_hashes: Sequence[int], now_s: float = 0.0
+    ) -> list[int]:
+        """After prefill (at ``now_s``), move the request's computed full prompt blocks into the prefix cache.
 
         A hash that another request registered meanwhile is shared (this
         request's private copy is released), as vLLM does for duplicate blocks.
@@ -144,38 +187,71 @@ class BlockPool:
         if not self.cache_enabled:
             return []
         stored: list[int] = []
-        for block_hash in full_block_hashes[allocation.reused_blocks :]:
+        start = allocation.reused_blocks
+        for depth, block_hash in enumerate(full_block_hashes[start:], start):
             if block_hash in self._refcount:
-                self._ref(block_hash)
+                self._ref(block_hash, now_s, hit=False)
             else:
                 self._refcount[block_hash] = 1
                 stored.append(block_hash)
+                parent = full_block_hashes[depth - 1] if depth else None
+                if self._index is not None:
+                    self._index.on_stored(block_hash, parent, depth, now_s)
+                self._record(now_s, block_hash, "stored", depth, len(full_block_hashes))
             allocation.cached_hashes.append(block_hash)
             allocation.private_blocks -= 1
             self._private_blocks -= 1
         return stored
 
-    def free(self, allocation: Allocation) -> None:
-        """Release a finished request: private blocks are freed, cached ones become idle tail-first."""
+    def free(self, allocation: Allocation, now_s: float = 0.0) -> None:
+        """Release a finished request at ``now_s``: private blocks are freed, cached ones become idle tail-first."""
         self._private_blocks -= allocation.private_blocks
         allocation.private_blocks = 0
+        idle: list[int] = []
         for block_hash in reversed(allocation.cached_hashes):
             count = self._refcount[block_hash] - 1
             self._refcount[block_hash] = count
             if count == 0:
                 self._idle[block_hash] = None
+                idle.append(block_hash)
+        request_blocks = len(allocation.cached_hashes)
+        if self._index is not None:
+            self._index.on_idle(idle, request_blocks, now_s)
+        if self.block_events is not None:
+            for block_hash in idle:
+                self._record(now_s, block_hash, "idle", self._depth[block_hash], request_blocks)
         allocation.cached_hashes = []
 
-    def _ref(self, block_hash: int) -> None:
+    def _ref(self, block_hash: int, now_s: float, hit: bool) -> None:
         count = self._refcount[block_hash]
         if count == 0:
             del self._idle[block_hash]
         self._refcount[block_hash] = count + 1
+        if self._index is not None:
+            self._index.on_hit(block_hash, now_s, count_hit=hit)
 
-    def _evict(self, n_blocks: int) -> list[int]:
+    def _evict(self, n_blocks: int, now_s: float) -> list[int]:
         evicted: list[int] = []
         for _ in range(max(0, n_blocks)):
-            block_hash, _ = self._idle.popitem(last=False)
+            if self._index is None:
+                block_hash, _ = self._idle.popitem(last=False)
+            else:
+                block_hash = self._index.pop(now_s)
+                del self._idle[block_hash]
             del self._refcount[block_hash]
             evicted.append(block_hash)
+            if self.block_events is not None:
+                self._record(now_s, block_hash, "evicted", self._depth.pop(block_hash), 0)
         return evicted
+
+    # -- access history --------------------------------------------------------------
+    def _record(self, now_s: float, block_hash: int, event: str, depth: int, request_blocks: int) -> None:
+        if self.block_events is not None:
+            self.block_events.append((now_s, block_hash, event, depth, request_blocks))
+            if event == "stored":
+                self._depth[block_hash] = depth
+
+    def _record_chain(self, now_s: float, hashes: Sequence[int], event: str, request_blocks: int) -> None:
+        if self.block_events is not None:
+            for depth, block_hash in enumerate(hashes):
+                self._record(now_s, block_hash, event, depth, request_blocks)

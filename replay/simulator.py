@@ -28,11 +28,13 @@ from kvcost.models.composition import TERMS
 from kvcost.models.hardware import StepTimeModel
 from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
-from kvcost.replay.kv_cache import BlockPool
+from kvcost.replay.kv_cache import BLOCK_EVENT_COLUMNS, BlockPool
 from kvcost.replay.online import OnlineLearner, OnlineSettings
 from kvcost.replay.tiers import TierCache, WorkerTiers
 from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
 from kvcost.serving.directory import REMOTE_STORE_ID, CacheDirectory, Namespace
+from kvcost.serving.eviction import EvictionContext, block_cost_table
+from kvcost.serving.eviction.index import make_eviction_index
 from kvcost.serving.router import Router
 from kvcost.serving.types import ReusePlan, RouteDecision, RouteRequest
 
@@ -58,6 +60,8 @@ class ReplayResult:
             the chosen worker has at all (they could never be admitted); not served.
         retrains: online learning only: each retraining (``t_s``, ``rows``, ``trigger``).
         drift_alerts: online learning only: each drift alert (``t_s``, worker, term, message).
+        block_events: with ``record_block_events`` only: every worker's KV block access history,
+            ``worker_id`` plus :data:`~kvcost.replay.kv_cache.BLOCK_EVENT_COLUMNS`, in time order per worker.
     """
 
     requests: pd.DataFrame
@@ -68,6 +72,7 @@ class ReplayResult:
     rejected_requests: int = 0
     retrains: tuple[dict, ...] = ()
     drift_alerts: tuple[dict, ...] = ()
+    block_events: pd.DataFrame | None = None
 
 
 class ClusterSimulator:
@@ -81,6 +86,9 @@ class ClusterSimulator:
         block_size_tokens: KV block size (the trace's).
         cost_model: the router's cost model (None = analytic), e.g. a registered champion.
         online: retrain the router's models on the replay's own log as it goes.
+        eviction: settings of ``config.eviction_policy`` (horizon, re-rank interval, reuse model);
+            None = defaults. Block costs come from the router's cost model at construction.
+        record_block_events: keep every pool's block access history (``ReplayResult.block_events``).
     """
 
     def __init__(
@@ -89,8 +97,12 @@ class ClusterSimulator:
         block_size_tokens: int,
         cost_model: TermModelSet | None = None,
         online: OnlineSettings | None = None,
+        eviction: EvictionContext | None = None,
+        record_block_events: bool = False,
     ) -> None:
         self.config = config
+        self.eviction = eviction
+        self.record_block_events = record_block_events
         self.block_size_tokens = block_size_tokens
         self.namespace = Namespace(config.model, block_size_tokens=block_size_tokens)
         self.step_models = {
@@ -120,7 +132,11 @@ class ClusterSimulator:
         capacity_blocks = self.config.kv_capacity_blocks or step_model.kv_capacity_blocks(
             self.block_size_tokens, self.config.gpu_memory_utilization
         )
-        pool = BlockPool(capacity_blocks, self.config.cache_enabled)
+        index = None
+        if self.config.eviction_policy != "lru":
+            costs = block_cost_table(self.router.cost_model, step_model, self.block_size_tokens)
+            index = make_eviction_index(self.config.eviction_policy, self.eviction, costs, capacity_blocks)
+        pool = BlockPool(capacity_blocks, self.config.cache_enabled, index, self.record_block_events)
         tiers = None
         if self.config.tiers is not None and self.config.cache_enabled:
             tiers = WorkerTiers(self.config.tiers, step_model.model.kv_bytes_per_token * self.block_size_tokens)
@@ -166,6 +182,8 @@ class ClusterSimulator:
                 if progress is not None and not served:
                     progress(1)
         result = log.result(self.workers)
+        if self.record_block_events:
+            result = replace(result, block_events=_block_events(self.workers))
         if self.online is not None:
             result = replace(result, retrains=tuple(self.online.retrains), drift_alerts=tuple(self.online.alerts))
         return result
@@ -269,6 +287,16 @@ class ClusterSimulator:
                 self.directory.apply_stored(self.namespace, worker_id, hashes, parent, tier, t)
             else:
                 self.directory.apply_removed(self.namespace, worker_id, hashes, t, tier)
+
+
+def _block_events(workers: list[SimWorker]) -> pd.DataFrame:
+    """Every pool's access history as one frame: ``worker_id`` + ``BLOCK_EVENT_COLUMNS``."""
+    frames = []
+    for w in workers:
+        frame = pd.DataFrame(w.pool.block_events or [], columns=list(BLOCK_EVENT_COLUMNS))
+        frame.insert(0, "worker_id", w.worker_id)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
 
 
 class _Log:

@@ -365,7 +365,7 @@ class SimWorker:
         total_blocks = -(-(request.input_tokens + request.output_tokens) // self.block_size_tokens)
         gpu_blocks = self.pool.match_blocks(chain)
         cpu_blocks, disk_blocks = self.tiers.match_below(chain, gpu_blocks) if self.tiers else (0, 0)
-        allocation, evicted = self.pool.try_allocate(chain, total_blocks)
+        allocation, evicted = self.pool.try_allocate(chain, total_blocks, now_s)
         if allocation is None:
             return False
         if evicted:
@@ -400,7 +400,7 @@ class SimWorker:
         request.prefill_end_s = now_s
         n_full = request.input_tokens // self.block_size_tokens
         chain = request.full_block_hashes[:n_full]
-        if self.pool.register_prefill(request.allocation, chain):
+        if self.pool.register_prefill(request.allocation, chain, now_s):
             reused = request.allocation.reused_blocks
             parent = chain[reused - 1] if reused else None
             self.events.append((now_s, "stored", list(chain[reused:]), parent, "gpu"))
@@ -427,7 +427,7 @@ class SimWorker:
 
     def _complete(self, request: SimRequest, now_s: float, done: list[SimRequest]) -> None:
         request.finish_s = now_s
-        self.pool.free(request.allocation)
+        self.pool.free(request.allocation, now_s)
         done.append(request)
 
     def _next_jitter(self) -> float:

@@ -7,6 +7,7 @@ route                                      token  does
 ``POST /v1/route``                         yes    like score, plus the chosen worker; recorded
 ``POST /v1/observe``                       yes    actual times by request id → ``requests``
 ``POST /v1/workers/{worker_id}/snapshot``  yes    a worker's load snapshot
+``POST /v1/evict/rank``                           idle prefix nodes in eviction order, with value terms
 ``GET /v1/models``                                serving model, registry versions, spec hash
 ``POST /v1/models/reload``                 yes    load the champion again
 ``GET /healthz``                                  liveness
@@ -44,10 +45,13 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.serving.directory import Namespace
+from kvcost.serving.eviction.wire import rank_request
 from kvcost.serving.kv_events import KVEventIngestor
 from kvcost.serving.kv_subscriber import KVEventSource, KVEventSubscriber
 from kvcost.serving.schemas import (
     MAX_ID,
+    EvictRankIn,
+    EvictRankResponse,
     HealthResponse,
     ModelsResponse,
     ModelStatusOut,
@@ -214,6 +218,15 @@ async def push_snapshot(
     return service.push_snapshot(worker_id, body)
 
 
+eviction = APIRouter(prefix="/v1/evict", tags=["eviction"])
+
+
+@eviction.post("/rank", response_model=EvictRankResponse, responses={413: _ERRORS[413], 422: _ERRORS[422]})
+async def evict_rank(body: EvictRankIn) -> Response:
+    """Idle cached prefix nodes in eviction order under a registered policy, each with its value terms."""
+    return _json(rank_request(body))
+
+
 models = APIRouter(prefix="/v1/models", tags=["models"])
 
 
@@ -338,6 +351,6 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     app.add_exception_handler(UnknownRequestError, _status_handler(404))
     app.add_exception_handler(ConflictError, _status_handler(409))
     app.add_exception_handler(LogUnavailableError, _status_handler(503))
-    for router in (scoring, observations, workers, models, health):
+    for router in (scoring, observations, workers, eviction, models, health):
         app.include_router(router)
     return app

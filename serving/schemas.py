@@ -276,3 +276,85 @@ class ReadinessResponse(BaseModel):
     status: Literal["ready", "degraded", "starting", "unavailable"]
     reason: str
     model: str
+
+
+# --------------------------------------------------------------------------- eviction ranking
+
+#: Nodes per ``/v1/evict/rank`` call (a worker's whole idle cache at 512-token blocks and more).
+MAX_EVICT_NODES = 100_000
+#: Largest block accepted, bytes (1 TiB: anything larger is a unit error).
+MAX_BLOCK_BYTES = 2.0**40
+
+
+class EvictNodeIn(BaseModel):
+    """One idle cached prefix node (a KV block with reference count 0) and its statistics."""
+
+    model_config = _IN
+
+    node_id: Id = Field(description="caller's id of the node (e.g. its block hash, below 2^63)")
+    parent_id: Id | None = Field(None, description="node_id of its parent if that is also in this list, else null")
+    depth_blocks: Count = Field(description="0-based position of the block in its prefix")
+    hits: Count = Field(0, description="reuses since the block was stored")
+    last_access_s: Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
+        description="last reference or release, seconds on the caller's clock"
+    )
+    created_s: Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
+        description="time stored, seconds on the caller's clock, ≤ last_access_s"
+    )
+    size_bytes: Annotated[float, Field(gt=0, le=MAX_BLOCK_BYTES, allow_inf_nan=False)] = Field(
+        description="KV bytes held"
+    )
+    prefill_saved_s: Seconds = Field(description="prefill seconds a hit on this block saves")
+    restore_s: Seconds | None = Field(None, description="seconds to restore it if demoted; null = drop only")
+    flops_saved: Annotated[float, Field(ge=0, le=1e30, allow_inf_nan=False)] | None = Field(
+        None, description="FLOPs a hit saves (flop_aware); null = prefill_saved_s as the proxy"
+    )
+    category: Count = Field(0, description="request category code, 0 = unknown")
+    request_blocks: Count | None = Field(
+        None, description="full blocks of the last request holding it; null = depth + 1"
+    )
+
+
+class EvictRankIn(BaseModel):
+    """``POST /v1/evict/rank``: rank idle prefix nodes for eviction under a registered policy."""
+
+    model_config = _IN
+
+    policy: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)] = Field(
+        description="eviction policy: lru, lfu, gdsf, lhd, flop_aware, cost_aware"
+    )
+    now_s: Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
+        description="ranking time, seconds on the nodes' clock"
+    )
+    horizon_s: Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)] = Field(
+        300.0, description="cost_aware's reuse horizon H (its recency prior exp(−idle/H))"
+    )
+    nodes: Annotated[list[EvictNodeIn], Field(max_length=MAX_EVICT_NODES)]
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        from kvcost.serving.eviction import EVICTION_POLICIES
+
+        if value not in EVICTION_POLICIES:
+            raise ValueError(f"unknown eviction policy {value!r}, expected one of {', '.join(EVICTION_POLICIES)}")
+        return value
+
+
+class EvictNodeOut(BaseModel):
+    """One node in eviction order with its value terms."""
+
+    node_id: int
+    p_reuse: float | None = Field(description="P(reuse within H) (cost_aware); null for other policies")
+    prefill_saved_s: float
+    size_bytes: float
+    restore_s: float | None = Field(description="null = drop only")
+    value: float = Field(description="the policy's value; lower is evicted first (within the leaf rule)")
+
+
+class EvictRankResponse(BaseModel):
+    """Nodes in eviction order (first = evict first)."""
+
+    policy: str
+    now_s: float
+    nodes: list[EvictNodeOut]

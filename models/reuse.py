@@ -1,0 +1,297 @@
+"""The reuse-probability model of ``cost_aware`` eviction: P(an idle block is reused on its worker within H).
+
+A LightGBM binary classifier (``objective="binary"``, trained with
+``lightgbm.train``) on :data:`~kvcost.features.spec.EVICTION_FEATURE_SPEC`
+rows. LRB (Song et al., "Learning relaxed Belady for content distribution
+network caching", NSDI 2020) learns time-to-next-request with LightGBM from
+similar per-object history (recency, frequency, size); here the target is
+the binary "reused within H" that the eviction value needs directly.
+
+Training data (:func:`reuse_training_frame`) come from a block pool's access
+history (:data:`~kvcost.replay.kv_cache.BLOCK_EVENT_COLUMNS`, or the DuckDB
+``block_events`` table): every ``idle`` event (a block's reference count
+reaching 0) is sampled at idle age 0 and at ``samples_per_idle − 1`` seeded
+log-uniform idle ages, because a candidate is ranked at every age it reaches,
+not only when it turns idle. A sample at time t is labelled 1 when the same
+worker demands the block (``hit``, or ``stored`` again after an eviction: the
+request needed it) within (t, t + H]. Samples are kept only while no demand
+has happened yet, and only where the label is known before the end of the log
+(no right-censoring). An eviction does not end the samples: demand is what is
+learned, so an LRU training log does not teach "evicted = never reused".
+
+Saved as ``model.txt`` (LightGBM text format) + ``manifest.json`` (the
+eviction-spec hash and H); :meth:`ReuseClassifier.load` refuses another hash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvcost.features.eviction import eviction_feature_matrix, eviction_features
+from kvcost.features.spec import EVICTION_FEATURE_NAMES, EVICTION_FEATURE_SPEC, feature_spec_hash
+
+#: Training parameters (LightGBM names); deterministic, single-threaded prediction. Regularised
+#: (15 leaves, ≥ 200 rows per leaf, L2 1.0) and P(reuse) constrained non-increasing in ``idle_s``
+#: (``monotone_constraints``): with 31 leaves and 50 rows per leaf the first fit on a validation
+#: replay (the first 30 % of the conversation trace only) swung from 0.03 to 0.79 to 0.03 between
+#: 0, 5 and 60 s idle, and that noise, multiplied by a 10× spread of seconds saved over depth, ranked
+#: worse than LRU. The assumption behind the constraint: the longer a block has been idle, the less
+#: likely it is to be reused within the next H (true of think-time gaps that are mostly short).
+DEFAULT_PARAMS: dict[str, Any] = {
+    "objective": "binary",
+    "learning_rate": 0.05,
+    "num_boost_round": 150,
+    "num_leaves": 15,
+    "min_data_in_leaf": 200,
+    "lambda_l2": 1.0,
+    "monotone_constraints": [-1 if name == "idle_s" else 0 for name in EVICTION_FEATURE_NAMES],
+    "num_threads": 1,  # fits run in parallel processes (kvcost eviction-study --jobs); 2 threads each thrash 2 cores
+    "deterministic": True,
+    "force_row_wise": True,
+    "seed": 0,
+    "verbosity": -1,
+}
+#: Longest idle age sampled for training, seconds (1 h).
+MAX_SAMPLE_AGE_S = 3600.0
+
+
+class EvictionSpecMismatch(ValueError):  # noqa: N818  (parallel to FeatureSpecMismatch)
+    """A saved reuse model was trained under another eviction feature spec."""
+
+    def __init__(self, path: Path, saved: str | None, current: str) -> None:
+        super().__init__(
+            f"{path}: reuse model trained with eviction feature spec {saved}, this kvcost uses {current}; "
+            "retrain it on a fresh block history (kvcost eviction-study trains one)"
+        )
+        self.path, self.saved, self.current = path, saved, current
+
+
+def eviction_spec_hash() -> str:
+    """``feature_spec_hash(EVICTION_FEATURE_SPEC)``."""
+    return feature_spec_hash(EVICTION_FEATURE_SPEC)
+
+
+class ReuseClassifier:
+    """P(reuse within ``horizon_s``) of idle blocks.
+
+    Args:
+        horizon_s: H, seconds (> 0, finite).
+        **params: overrides of :data:`DEFAULT_PARAMS` (LightGBM names plus ``num_boost_round``).
+
+    Construction is pure; :meth:`fit` or :meth:`load` makes it usable.
+    """
+
+    def __init__(self, horizon_s: float, **params: Any) -> None:
+        if not (horizon_s > 0 and math.isfinite(horizon_s)):
+            raise ValueError(f"horizon_s = {horizon_s!r}, expected a finite number of seconds > 0")
+        self.horizon_s = float(horizon_s)
+        self.params = {**DEFAULT_PARAMS, **params}
+        self.booster = None
+        self.metadata: dict[str, Any] = {}
+
+    def fit(self, frame: pd.DataFrame) -> ReuseClassifier:
+        """Train on a :func:`reuse_training_frame` (columns ``EVICTION_FEATURE_NAMES`` + ``label``).
+
+        Raises:
+            ValueError: missing columns, no rows, or a single label class.
+        """
+        import lightgbm
+
+        missing = [c for c in (*EVICTION_FEATURE_NAMES, "label") if c not in frame.columns]
+        if missing:
+            raise ValueError(f"frame lacks columns {missing}, expected EVICTION_FEATURE_NAMES and 'label'")
+        labels = frame["label"].to_numpy(dtype=np.float64)
+        if len(np.unique(labels)) < 2:
+            raise ValueError(
+                f"label has {len(np.unique(labels))} class(es) in {len(frame)} rows, expected both 0 and 1"
+            )
+        params = dict(self.params)
+        rounds = int(params.pop("num_boost_round"))
+        x = frame[list(EVICTION_FEATURE_NAMES)].to_numpy(dtype=np.float64)
+        data = lightgbm.Dataset(x, label=labels, feature_name=list(EVICTION_FEATURE_NAMES), params=params)
+        self.booster = lightgbm.train(params, data, num_boost_round=rounds)
+        self.metadata = {"rows": int(len(frame)), "positive_share": float(labels.mean())}
+        return self
+
+    def predict_features(self, x: np.ndarray) -> np.ndarray:
+        """P(reuse) per row of ``x`` (float64 ``(n, len(EVICTION_FEATURE_SPEC))``), float64 ``(n,)`` in [0, 1].
+
+        Raises:
+            RuntimeError: not fitted or loaded.
+        """
+        if self.booster is None:
+            raise RuntimeError("ReuseClassifier is not fitted; call fit() or load() first")
+        if len(x) == 0:
+            return np.zeros(0)
+        return np.asarray(self.booster.predict(np.ascontiguousarray(x), num_threads=1), dtype=np.float64)
+
+    def predict_proba(self, nodes, now_s: float) -> np.ndarray:
+        """P(reuse within H) of the idle blocks of a ``NodeTable`` at ``now_s``, float64 ``(n,)``."""
+        return self.predict_features(eviction_features(nodes, now_s))
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``model.txt`` and ``manifest.json`` into folder ``path`` (created); returns it."""
+        if self.booster is None:
+            raise RuntimeError("ReuseClassifier is not fitted; nothing to save")
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.booster.save_model(str(path / "model.txt"))
+        manifest = {
+            "eviction_spec_hash": eviction_spec_hash(),
+            "horizon_s": self.horizon_s,
+            "params": self.params,
+            "metadata": self.metadata,
+        }
+        (path / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> ReuseClassifier:
+        """Read a saved classifier.
+
+        Raises:
+            FileNotFoundError: no ``manifest.json`` in ``path``.
+            EvictionSpecMismatch: saved under another eviction feature spec (message names both hashes).
+        """
+        import lightgbm
+
+        path = Path(path)
+        manifest_path = path / "manifest.json"
+        if not manifest_path.exists():
+            raise FileNotFoundError(f"{path}: no manifest.json, expected a folder written by ReuseClassifier.save")
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("eviction_spec_hash") != eviction_spec_hash():
+            raise EvictionSpecMismatch(path, manifest.get("eviction_spec_hash"), eviction_spec_hash())
+        model = cls(manifest["horizon_s"], **manifest.get("params", {}))
+        model.booster = lightgbm.Booster(model_file=str(path / "model.txt"))
+        model.metadata = manifest.get("metadata", {})
+        return model
+
+
+def _ordered(events: pd.DataFrame) -> pd.DataFrame:
+    """Events grouped by (worker, block), in logged order inside each group."""
+    required = ["worker_id", "t_s", "block_hash", "event", "depth_blocks", "request_blocks"]
+    missing = [c for c in required if c not in events.columns]
+    if missing:
+        raise ValueError(f"events lack columns {missing}, expected {required}")
+    frame = events.reset_index(drop=True)
+    frame["_row"] = np.arange(len(frame))
+    return frame.sort_values(["worker_id", "block_hash", "_row"], kind="stable", ignore_index=True)
+
+
+def idle_periods(events: pd.DataFrame) -> pd.DataFrame:
+    """One row per ``idle`` event with the block's state then and what happened next.
+
+    Returns:
+        Columns ``worker_id, block_hash, idle_t_s, depth_blocks, request_blocks, hits, created_s,
+        next_demand_s`` (inf if never demanded again in the log) and ``evicted_s`` (time of
+        the eviction that ended the idle period, inf if none).
+
+    Raises:
+        ValueError: missing columns.
+    """
+    f = _ordered(events)
+    group_start = f["worker_id"].ne(f["worker_id"].shift()) | f["block_hash"].ne(f["block_hash"].shift())
+    key = group_start.cumsum()
+    stored = f["event"].eq("stored")
+    hit = f["event"].eq("hit")
+    segment = (stored | group_start).cumsum()
+    created = f["t_s"].where(stored | group_start).groupby(segment).transform("first")
+    hits = hit.astype(np.int64).groupby(segment).cumsum()
+    demand_t = f["t_s"].where(stored | hit)
+    next_demand = _next_in_group(demand_t, key)
+    next_evict = _next_in_group(f["t_s"].where(f["event"].eq("evicted")), key)
+    idle = f["event"].eq("idle")
+    out = pd.DataFrame(
+        {
+            "worker_id": f["worker_id"][idle],
+            "block_hash": f["block_hash"][idle],
+            "idle_t_s": f["t_s"][idle],
+            "depth_blocks": f["depth_blocks"][idle],
+            "request_blocks": f["request_blocks"][idle],
+            "hits": hits[idle],
+            "created_s": created[idle],
+            "next_demand_s": next_demand[idle].fillna(np.inf),
+            "evicted_s": next_evict[idle].fillna(np.inf),
+        }
+    )
+    out.loc[out["evicted_s"] > out["next_demand_s"], "evicted_s"] = np.inf
+    return out.reset_index(drop=True)
+
+
+def _next_in_group(times: pd.Series, key: pd.Series) -> pd.Series:
+    """Per row, the first non-NaN ``times`` value strictly after it in the same group (NaN if none)."""
+    return times.groupby(key).shift(-1).groupby(key).bfill()
+
+
+def characteristic_time_s(events: pd.DataFrame) -> float:
+    """Median idle time of blocks that were evicted (idle → evicted), seconds; NaN if none was.
+
+    Under LRU this is Che's characteristic time (Che, Tung and Wang, IEEE JSAC 2002): about how
+    long a block survives unused, a natural reuse horizon H.
+    """
+    periods = idle_periods(events)
+    ended = periods[np.isfinite(periods["evicted_s"])]
+    return float((ended["evicted_s"] - ended["idle_t_s"]).median()) if len(ended) else math.nan
+
+
+def reuse_training_frame(
+    events: pd.DataFrame,
+    horizon_s: float,
+    size_bytes: float,
+    seed: int,
+    samples_per_idle: int = 4,
+    end_s: float | None = None,
+) -> pd.DataFrame:
+    """Features at sampled idle moments and the label "demanded within ``horizon_s``" (see the module docstring).
+
+    Args:
+        events: access history, columns ``worker_id`` + ``BLOCK_EVENT_COLUMNS``.
+        horizon_s: H, seconds (> 0).
+        size_bytes: KV bytes of one block (> 0).
+        seed: seed of the sampled ages.
+        samples_per_idle: samples per idle event (≥ 1; the first at idle age 0).
+        end_s: end of the observed log (default: its last event); labels must be known by then.
+
+    Returns:
+        Columns ``EVICTION_FEATURE_NAMES`` + ``label`` (0/1) + ``t_s`` (sample time), one row per kept sample.
+
+    Raises:
+        ValueError: bad argument or missing columns.
+    """
+    if not horizon_s > 0:
+        raise ValueError(f"horizon_s = {horizon_s!r}, expected a number > 0")
+    if samples_per_idle < 1:
+        raise ValueError(f"samples_per_idle = {samples_per_idle}, expected an integer ≥ 1")
+    periods = idle_periods(events)
+    end_s = float(events["t_s"].max()) if end_s is None else end_s
+    rng = np.random.default_rng(seed)
+    n = len(periods)
+    ages = np.zeros((n, samples_per_idle))
+    if samples_per_idle > 1:
+        ages[:, 1:] = np.exp(rng.uniform(0.0, math.log(MAX_SAMPLE_AGE_S), (n, samples_per_idle - 1)))
+    p = periods.loc[np.repeat(np.arange(n), samples_per_idle)].reset_index(drop=True)
+    age = ages.reshape(-1)
+    t = p["idle_t_s"].to_numpy() + age
+    next_demand = p["next_demand_s"].to_numpy()
+    label = (next_demand - t) <= horizon_s
+    keep = (t < next_demand) & (label | (t + horizon_s <= end_s))
+    x = eviction_feature_matrix(
+        p["depth_blocks"].to_numpy(),
+        p["hits"].to_numpy(),
+        age,
+        t - p["created_s"].to_numpy(),
+        np.float64(size_bytes),
+        np.float64(0),
+        p["request_blocks"].to_numpy(),
+    )
+    frame = pd.DataFrame(x[keep], columns=list(EVICTION_FEATURE_NAMES))
+    frame["label"] = label[keep].astype(np.int64)
+    frame["t_s"] = t[keep]
+    return frame

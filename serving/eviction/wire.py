@@ -1,0 +1,86 @@
+"""``POST /v1/evict/rank``: the wire request → :class:`NodeTable` → ranking → wire response."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kvcost.serving.eviction.base import EvictionContext, NodeTable, make_eviction_policy, rank_nodes
+from kvcost.serving.schemas import EvictNodeOut, EvictRankIn, EvictRankResponse
+from kvcost.serving.service import FieldError
+
+
+def node_table(body: EvictRankIn) -> NodeTable:
+    """The request's nodes as a :class:`NodeTable` (rows in request order).
+
+    Raises:
+        FieldError: duplicate ``node_id``, ``created_s`` after ``last_access_s``, a ``parent_id``
+            not in the list or not shallower than the node (``loc`` names the node and field).
+    """
+    nodes = body.nodes
+    row = {}
+    for i, node in enumerate(nodes):
+        if node.node_id in row:
+            raise FieldError(("nodes", i, "node_id"), f"node_id {node.node_id} appears twice")
+        if node.created_s > node.last_access_s:
+            raise FieldError(("nodes", i, "created_s"), f"created_s {node.created_s} is after last_access_s")
+        row[node.node_id] = i
+    parent = np.full(len(nodes), -1, dtype=np.int64)
+    for i, node in enumerate(nodes):
+        if node.parent_id is None:
+            continue
+        j = row.get(node.parent_id)
+        if j is None or nodes[j].depth_blocks >= node.depth_blocks:
+            raise FieldError(
+                ("nodes", i, "parent_id"),
+                f"parent_id {node.parent_id} must be a node_id of this list with a smaller depth_blocks",
+            )
+        parent[i] = j
+
+    def col(name: str, dtype=np.float64) -> np.ndarray:
+        return np.array([getattr(n, name) for n in nodes], dtype=dtype)
+
+    prefill_s = col("prefill_saved_s")
+    return NodeTable(
+        depth_blocks=col("depth_blocks", np.int64),
+        hits=col("hits", np.int64),
+        last_access_s=col("last_access_s"),
+        created_s=col("created_s"),
+        size_bytes=col("size_bytes"),
+        prefill_saved_s=prefill_s,
+        restore_s=np.array([math.inf if n.restore_s is None else n.restore_s for n in nodes]),
+        flops_saved=np.array(
+            [p if n.flops_saved is None else n.flops_saved for n, p in zip(nodes, prefill_s, strict=True)]
+        ),
+        category=col("category", np.int64),
+        request_blocks=np.array([n.depth_blocks + 1 if n.request_blocks is None else n.request_blocks for n in nodes]),
+        parent=parent,
+    )
+
+
+def rank_request(body: EvictRankIn) -> EvictRankResponse:
+    """Rank ``body.nodes`` under ``body.policy`` at ``body.now_s`` (a fresh policy: no learned state).
+
+    ``cost_aware`` uses its recency prior with ``body.horizon_s``; ``lhd`` its prior counts.
+    """
+    table = node_table(body)
+    policy = make_eviction_policy(body.policy, EvictionContext(horizon_s=body.horizon_s))
+    ranking = rank_nodes(policy, table, body.now_s)
+    t = ranking.terms
+
+    def finite(x: float) -> float | None:
+        return float(x) if math.isfinite(x) else None
+
+    out = [
+        EvictNodeOut(
+            node_id=body.nodes[i].node_id,
+            p_reuse=finite(t["p_reuse"][i]),
+            prefill_saved_s=float(t["prefill_saved_s"][i]),
+            size_bytes=float(t["size_bytes"][i]),
+            restore_s=finite(t["restore_s"][i]),
+            value=float(t["value"][i]),
+        )
+        for i in ranking.order.tolist()
+    ]
+    return EvictRankResponse(policy=body.policy, now_s=body.now_s, nodes=out)

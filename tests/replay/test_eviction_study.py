@@ -1,0 +1,60 @@
+"""``kvcost eviction-study``: a quick CLI run on a tiny window, setting checks; the full 4 × 6 study as a benchmark."""
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from kvcost.cli import app
+from kvcost.replay.eviction_study import StudySettings, check_settings, run_study
+
+runner = CliRunner()
+
+
+def test_quick_study_through_the_cli(tmp_path):
+    out = tmp_path / "study"
+    args = ["eviction-study", "--duration-s", "60", "--fractions", "0.1,0.5", "--policies", "lru,gdsf,cost_aware"]
+    result = runner.invoke(app, [*args, "--jobs", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "eviction.json").read_text())
+    assert [(r["policy"], r["cache_fraction"]) for r in data["results"]] == [
+        ("lru", 0.1),
+        ("gdsf", 0.1),
+        ("cost_aware", 0.1),
+        ("lru", 0.5),
+        ("gdsf", 0.5),
+        ("cost_aware", 0.5),
+    ]
+    for row in data["results"]:
+        assert {"policy", "cache_fraction", "hit_ratio", "prefill_saved_s", "ttft_p99_s"} <= set(row)
+        assert 0 <= row["hit_ratio"] <= 1
+    assert (out / "eviction.md").read_text().startswith("# kvcost eviction study")
+    assert (out / "eviction.png").stat().st_size > 0
+    assert "report:" in result.output
+
+
+def test_bad_settings_exit_2_with_the_reason(tmp_path):
+    result = runner.invoke(app, ["eviction-study", "--fractions", "0,0.1", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "fractions contains 0.0, expected numbers in (0, 1]" in result.output
+    with pytest.raises(KeyError, match="unknown eviction policy 'mru'"):
+        check_settings(StudySettings(policies=("mru",)))
+    with pytest.raises(ValueError, match="reuse_model = 'xgb'"):
+        check_settings(StudySettings(reuse_model="xgb"))
+
+
+@pytest.mark.bench
+def test_bench_full_eviction_study(tmp_path):
+    """The issue's study: 4 cache sizes × 6 policies on the whole conversation trace (prints figures)."""
+    started = time.perf_counter()
+    result = run_study(StudySettings(jobs=2), tmp_path)
+    wall_s = time.perf_counter() - started
+    print(f"\neviction study 4 × 6 on the whole trace: {wall_s:.0f} s wall")
+    for r in result["results"]:
+        print(
+            f"{r['cache_fraction']:>5g} {r['policy']:>11} hit {r['hit_ratio']:.3f} "
+            f"saved {r['prefill_saved_s']:8.1f} s  TTFT P99 {r['ttft_p99_s']:.2f} s  ({r['runtime_s']:.0f} s)"
+        )
+    for g in result["cost_aware_vs_lru"]:
+        print(f"cost_aware vs lru at {g['cache_fraction']:g}: prefill saved {g['prefill_saved_gain']:+.1%}")

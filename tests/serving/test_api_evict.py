@@ -1,0 +1,85 @@
+"""``POST /v1/evict/rank``: eviction order with value terms, leaf rule, and 422s naming the field."""
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kvcost.serving.api import create_app
+from kvcost.serving.service import ServiceSettings
+
+
+@pytest.fixture
+def client(tmp_path):
+    settings = ServiceSettings(db_path=tmp_path / "log.duckdb", segment_roll_interval_s=0)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def node(node_id, depth, last_access_s, prefill_saved_s=0.5, parent_id=None, **extra):
+    return {
+        "node_id": node_id,
+        "parent_id": parent_id,
+        "depth_blocks": depth,
+        "last_access_s": last_access_s,
+        "created_s": 0.0,
+        "size_bytes": 2.0,
+        "prefill_saved_s": prefill_saved_s,
+        **extra,
+    }
+
+
+def test_cost_aware_order_and_value_terms(client):
+    body = {
+        "policy": "cost_aware",
+        "now_s": 100.0,
+        "horizon_s": 100.0,
+        "nodes": [
+            node(10, 0, 100.0, 0.4),  # p = 1,   lost 0.4  → value 0.2
+            node(11, 1, 100.0, 0.8, parent_id=10, restore_s=0.1),  # p = 1, lost min(0.8, 0.1) → 0.05
+            node(12, 0, 0.0, 0.4),  # p = e^-1, lost 0.4 → 0.0736
+        ],
+    }
+    answer = client.post("/v1/evict/rank", json=body)
+    assert answer.status_code == 200, answer.text
+    out = answer.json()
+    assert [n["node_id"] for n in out["nodes"]] == [11, 12, 10]  # 11 is a leaf; its parent 10 goes after it
+    first = out["nodes"][0]
+    assert first == {
+        "node_id": 11,
+        "p_reuse": 1.0,
+        "prefill_saved_s": 0.8,
+        "size_bytes": 2.0,
+        "restore_s": 0.1,
+        "value": pytest.approx(0.05),
+    }
+    assert out["nodes"][1]["value"] == pytest.approx(0.4 * 0.36787944117144233 / 2)
+    assert out["nodes"][2]["restore_s"] is None
+
+
+def test_lru_ignores_the_tree_and_reports_no_p_reuse(client):
+    body = {"policy": "lru", "now_s": 5.0, "nodes": [node(1, 0, 1.0), node(2, 1, 3.0, parent_id=1)]}
+    out = client.post("/v1/evict/rank", json=body).json()
+    assert [n["node_id"] for n in out["nodes"]] == [1, 2]
+    assert out["nodes"][0]["p_reuse"] is None
+
+
+def test_unknown_policy_is_a_422_naming_the_field(client):
+    answer = client.post("/v1/evict/rank", json={"policy": "fifo", "now_s": 0.0, "nodes": []})
+    assert answer.status_code == 422
+    assert answer.json()["detail"][0]["loc"] == ["body", "policy"]
+    assert "unknown eviction policy 'fifo'" in answer.json()["message"]
+
+
+def test_bad_node_fields_are_422s_naming_the_field(client):
+    bad_size = {"policy": "lru", "now_s": 0.0, "nodes": [node(1, 0, 0.0, size_bytes=0)]}
+    answer = client.post("/v1/evict/rank", json=bad_size)
+    assert answer.status_code == 422
+    assert answer.json()["detail"][0]["loc"] == ["body", "nodes", 0, "size_bytes"]
+
+    orphan = {"policy": "gdsf", "now_s": 0.0, "nodes": [node(1, 0, 0.0), node(2, 1, 0.0, parent_id=7)]}
+    answer = client.post("/v1/evict/rank", json=orphan)
+    assert answer.status_code == 422
+    assert answer.json()["detail"][0]["loc"] == ["body", "nodes", 1, "parent_id"]
+    assert answer.json()["message"].startswith("nodes.1.parent_id: parent_id 7 must be a node_id of this list")
+
+    unknown = {"policy": "lru", "now_s": 0.0, "nodes": [node(1, 0, 0.0, colour="red")]}
+    assert client.post("/v1/evict/rank", json=unknown).json()["detail"][0]["loc"] == ["body", "nodes", 0, "colour"]
