@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import ipaddress
 import logging
 import queue
@@ -68,6 +67,7 @@ from kvcost.features.spec import FEATURE_INDEX, FEATURE_SPEC, feature_spec_hash
 from kvcost.models.composition import TERMS
 from kvcost.models.hardware import GPUS, MODELS, StepTimeModel
 from kvcost.models.term_set import TermModelSet
+from kvcost.serving.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, BlockHasher
 from kvcost.serving.directory import CacheDirectory, Namespace
 from kvcost.serving.metrics import ServiceMetrics, StateSample
 from kvcost.serving.policies import ROUTER_POLICIES
@@ -103,51 +103,38 @@ RegistryLister = Callable[[], list[dict]]
 """Lists the registry's versions (rows of :func:`kvcost.models.mlflow_store.list_versions`). Runs in a thread."""
 
 
-def block_hashes_for(token_ids: Sequence[int], block_size_tokens: int, namespace: Namespace) -> tuple[int, ...]:
-    """Chained hashes of the full blocks of ``token_ids`` in ``namespace``; the service's only token hasher.
+def block_hashes_for(
+    token_ids: Sequence[int],
+    block_size_tokens: int,
+    namespace: Namespace,
+    algorithm: str = DEFAULT_HASH_ALGORITHM,
+    hash_seed: str = "0",
+) -> tuple[int, ...]:
+    """The block hashes a vLLM engine publishes for ``token_ids`` sent in ``namespace``; the service's token hasher.
 
-    What it computes today: ``h_i`` = the 64-bit big-endian integer of
-    BLAKE2b (8-byte digest) over ``h_{i−1}`` (8 bytes, big-endian) followed by
-    the block's token ids as little-endian uint32; ``h_{−1}`` is the same
-    digest of the namespace's fields (model, revision, adapter, block size,
-    KV layout, cache salt), so equal tokens in two namespaces never share a
-    hash. Only full blocks are hashed (a partial last block is not cacheable).
-    Deterministic across processes and machines, but it is not vLLM's
-    ``sha256_cbor`` chaining: it matches hashes that the same function
-    computed (block hashes sent by routers, the approximate directory), not
-    those an engine publishes in its KV events.
+    vLLM's chaining (:mod:`kvcost.serving.block_hash`): the namespace's adapter
+    is the LoRA name vLLM puts in every block's extra keys, its cache salt goes
+    in the first block's; ``algorithm`` and ``hash_seed`` are the engines'
+    ``--prefix-caching-hash-algo`` and ``PYTHONHASHSEED``. Model, revision and
+    KV layout are not hashed (vLLM does not): the directory keeps namespaces
+    apart. Only full blocks are hashed (a partial last block is not cacheable).
 
     Args:
         token_ids: prompt token ids, each in ``[0, 2**32)``.
         block_size_tokens: tokens per block (≥ 1).
         namespace: the request's KV namespace.
+        algorithm: one of :data:`kvcost.serving.block_hash.HASH_ALGORITHMS`.
+        hash_seed: the engines' ``PYTHONHASHSEED`` string.
 
     Returns:
         ``len(token_ids) // block_size_tokens`` hashes in prompt order, each in ``[0, 2**64)``.
 
     Raises:
-        ValueError: ``block_size_tokens`` < 1.
+        ValueError: ``block_size_tokens`` < 1, or an unknown ``algorithm``.
     """
-    if block_size_tokens < 1:
-        raise ValueError(f"block_size_tokens = {block_size_tokens}, expected an integer ≥ 1")
-    n_blocks = len(token_ids) // block_size_tokens
-    seed = "\x1f".join(
-        (
-            namespace.model,
-            namespace.revision,
-            namespace.adapter,
-            str(block_size_tokens),
-            namespace.kv_layout,
-            namespace.cache_salt,
-        )
-    )
-    parent = hashlib.blake2b(seed.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    blocks = np.asarray(token_ids[: n_blocks * block_size_tokens], dtype="<u4").reshape(n_blocks, block_size_tokens)
-    hashes: list[int] = []
-    for block in blocks:
-        parent = hashlib.blake2b(parent + block.tobytes(), digest_size=8).digest()
-        hashes.append(int.from_bytes(parent, "big"))
-    return tuple(hashes)
+    extra_keys = (namespace.adapter,) if namespace.adapter else ()
+    hasher = BlockHasher(block_size_tokens, hash_seed, algorithm)
+    return tuple(hasher.hashes(token_ids, extra_keys, namespace.cache_salt or None))
 
 
 def is_loopback(host: str) -> bool:
@@ -194,6 +181,17 @@ class ServiceSettings(BaseModel):
         60.0, ge=0, description="roll the log into Parquet segments for readers (kvcost retrain) this often; 0 = never"
     )
     run_id: str | None = Field(None, max_length=128, description="log run id; None = serve-<UTC time>-<random>")
+    hash_algorithm: str = Field(
+        DEFAULT_HASH_ALGORITHM,
+        description="the engines' --prefix-caching-hash-algo: token ids are hashed as they hash them "
+        f"({', '.join(HASH_ALGORITHMS)}; vLLM's default is {DEFAULT_HASH_ALGORITHM})",
+    )
+    hash_seed: str = Field(
+        "0",
+        max_length=256,
+        description="the engines' PYTHONHASHSEED (vLLM seeds its block-hash chain with it; engines without "
+        "one hash from a random seed, and no router can match their blocks from token ids)",
+    )
     kv_events: list[str] = Field(
         default_factory=list,
         description="vLLM KV event streams, WORKER=tcp://HOST:PORT (one per engine); their blocks fill the "
@@ -209,6 +207,8 @@ class ServiceSettings(BaseModel):
         usable = [p for p in ROUTER_POLICIES.names() if p not in REPLAY_ONLY_POLICIES]
         if self.policy not in usable:
             raise ValueError(f"policy = {self.policy!r}, expected one of {', '.join(usable)}")
+        if self.hash_algorithm not in HASH_ALGORITHMS:
+            raise ValueError(f"hash_algorithm = {self.hash_algorithm!r}, expected one of {', '.join(HASH_ALGORITHMS)}")
         for spec in self.kv_events:
             parse_kv_event_source(spec)
         if not is_loopback(self.host) and self.token_file is None and not self.insecure:
@@ -797,10 +797,14 @@ class ScoringService:
             adapter=req.namespace.adapter,
             block_size_tokens=block_size,
             kv_layout=req.namespace.kv_layout,
-            cache_salt=req.namespace.cache_salt,
+            # not cache_salt: vLLM hashes the salt into the first block, and its KV events do not
+            # carry it, so salted blocks are stored (and found) in the unsalted namespace
         )
         if req.token_ids is not None:
-            hashes = block_hashes_for(req.token_ids, block_size, ns)
+            salted = replace(ns, cache_salt=req.namespace.cache_salt)
+            hashes = block_hashes_for(
+                req.token_ids, block_size, salted, self.settings.hash_algorithm, self.settings.hash_seed
+            )
             input_tokens = len(req.token_ids)
         else:
             hashes = tuple(req.block_hashes or ())

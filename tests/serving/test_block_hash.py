@@ -1,4 +1,4 @@
-"""Tests for kvcost.serving.block_hash: vLLM-compatible block hashes, checked against hand-made CBOR and pickle bytes."""
+"""Tests for kvcost.serving.block_hash: vLLM-compatible block hashes, checked against hand-made CBOR and pickle."""
 
 import hashlib
 
