@@ -69,6 +69,8 @@ from kvcost.models.hardware import GPUS, MODELS, StepTimeModel
 from kvcost.models.term_set import TermModelSet
 from kvcost.serving.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, BlockHasher
 from kvcost.serving.directory import CacheDirectory, Namespace
+from kvcost.serving.engine_metrics import parse_scrape_target
+from kvcost.serving.kv_subscriber import KVEventSubscriber
 from kvcost.serving.metrics import ServiceMetrics, StateSample
 from kvcost.serving.policies import ROUTER_POLICIES
 from kvcost.serving.router import Router, RouterSettings
@@ -197,6 +199,13 @@ class ServiceSettings(BaseModel):
         description="vLLM KV event streams, WORKER=tcp://HOST:PORT (one per engine); their blocks fill the "
         "directory in the namespace (model, block size) of these settings",
     )
+    scrape: list[str] = Field(
+        default_factory=list,
+        description="engines' Prometheus endpoints, WORKER=http://HOST:PORT/metrics (vLLM or SGLang); each "
+        "scrape becomes the worker's snapshot, as a POST /v1/workers/WORKER/snapshot would",
+    )
+    scrape_interval_s: float = Field(1.0, gt=0, le=3600, description="time between two scrapes of every engine")
+    scrape_timeout_s: float = Field(1.0, gt=0, le=60, description="limit of one scrape's HTTP request")
 
     @model_validator(mode="after")
     def _check(self) -> ServiceSettings:
@@ -211,6 +220,9 @@ class ServiceSettings(BaseModel):
             raise ValueError(f"hash_algorithm = {self.hash_algorithm!r}, expected one of {', '.join(HASH_ALGORITHMS)}")
         for spec in self.kv_events:
             parse_kv_event_source(spec)
+        scraped = [parse_scrape_target(spec).worker_id for spec in self.scrape]
+        if len(set(scraped)) != len(scraped):
+            raise ValueError(f"scrape names worker ids {scraped}; each worker may be scraped once")
         if not is_loopback(self.host) and self.token_file is None and not self.insecure:
             raise ValueError(
                 f"host = {self.host!r} is not a loopback address and no token file is given: the write "
@@ -576,6 +588,8 @@ class ScoringService:
         self.metrics.watch_state(self._state_sample)
         self.directory = CacheDirectory()
         self.lock = threading.Lock()
+        #: The KV-event subscriber feeding :attr:`directory` (set by the app), for its counters at scrape time.
+        self.kv_subscriber: KVEventSubscriber | None = None
         self.run_id = settings.run_id or ""
         self.step_models: dict[str, StepTimeModel] = {}
         self.router: Router | None = None
@@ -1070,15 +1084,25 @@ class ScoringService:
         if not self.started:
             return StateSample()
         now_s = self.clock()
-        workers = sorted(self._snapshots)
+        subscriber = self.kv_subscriber
         with self.lock:
+            kv_stats = {}
+            unknown_topic = 0
+            if subscriber is not None:
+                kv_stats = {w: replace(st) for w, st in subscriber.ingestor.worker_stats.items()}
+                unknown_topic = subscriber.unknown_topic_messages
+            workers = sorted(set(self._snapshots) | set(kv_stats))
             blocks = self.directory.num_blocks()
             matches = self.directory.match(Namespace(""), (), workers, now_s)
+            stale = {w: self.directory.is_stale(w) for w in workers}
         return StateSample(
             directory_blocks=blocks,
             directory_staleness_s={m.worker_id: m.age_s for m in matches},
-            snapshot_age_s={w: max(0.0, now_s - self._snapshots[w][1]) for w in workers},
+            directory_stale=stale,
+            snapshot_age_s={w: max(0.0, now_s - received_s) for w, (_, received_s) in sorted(self._snapshots.items())},
             decisions_in_memory=len(self._decisions),
+            kv_event_stats=kv_stats,
+            kv_event_unknown_topic_messages=unknown_topic,
         )
 
     def decisions_in_memory(self) -> int:
