@@ -118,3 +118,42 @@ def test_token_ids_match_the_blocks_an_engine_published(tmp_path, context, algor
         assert reusable("sql-lora", "tenant-2") == [0, 0]  # another tenant's salt: another chain
         assert reusable("", "tenant-1") == [0, 0]
     engine.close()
+
+
+def test_kv_event_counters_per_worker_in_the_prometheus_exposition(tmp_path, context):
+    engine = FakeEngine(context)
+    settings = ServiceSettings(
+        db_path=tmp_path / "log.duckdb",
+        segment_roll_interval_s=0,
+        block_size_tokens=BLOCK,
+        kv_events=[f"3={engine.endpoint}"],
+    )
+    with TestClient(create_app(settings)) as client:
+        subscriber = client.app.state.kv_subscriber
+        engine.wait_subscribed()
+        engine.publish(0, V010.EventBatch(100.0, [stored([11, 12]), V010.BlockRemoved([12], "GPU")], None))
+        engine.publish(2, V010.EventBatch(101.0, [stored([21], medium="TAPE")], None))  # gap (1 lost), bad medium
+        engine.send_raw([engine.topic, (3).to_bytes(8, "big"), b"\xc1 not msgpack"])
+        engine.publish(1, V010.EventBatch(102.0, [stored([31])], None))  # went back: a restart
+        wait_for(subscriber, 4)
+        text = client.get("/metrics").text
+    engine.close()
+    expected = [
+        'kvcost_kv_event_messages_total{worker="3"} 4.0',
+        'kvcost_kv_event_batches_total{source="live",worker="3"} 3.0',
+        'kvcost_kv_event_batches_total{source="replay",worker="3"} 0.0',
+        'kvcost_kv_events_ingested_total{worker="3"} 3.0',
+        'kvcost_kv_blocks_total{op="stored",worker="3"} 3.0',
+        'kvcost_kv_blocks_total{op="removed",worker="3"} 1.0',
+        'kvcost_kv_events_rejected_total{scope="message",worker="3"} 1.0',
+        'kvcost_kv_events_rejected_total{scope="event",worker="3"} 1.0',
+        'kvcost_kv_event_gaps_total{worker="3"} 1.0',
+        'kvcost_kv_event_replays_requested_total{worker="3"} 0.0',
+        'kvcost_kv_engine_restarts_total{worker="3"} 1.0',
+        "kvcost_kv_event_unknown_topic_total 0.0",
+        "kvcost_directory_blocks 1.0",  # the restart dropped 11; 31 stored after it
+        'kvcost_directory_stale{worker="3"} 0.0',  # the restart's clear made the view exact again
+    ]
+    lines = set(text.splitlines())
+    assert [line for line in expected if line not in lines] == []
+    assert any(line.startswith('kvcost_directory_staleness_seconds{worker="3"} ') for line in lines)
