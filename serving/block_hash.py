@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -120,6 +122,53 @@ def external_hash(digest: bytes) -> int:
     return int.from_bytes(digest, "big") & HASH_MASK_64
 
 
+class PrefixHashCache:
+    """Bounded LRU of block digests, keyed by what a digest is a function of.
+
+    A key is ``(parent digest, the block's token ids as native uint32 bytes, extra
+    keys)``: the parent digest already carries the hash function, the seed and the
+    whole prefix before the block, so one cache can serve every :class:`BlockHasher`
+    of a process. Requests that share a prefix (a system prompt, a conversation's
+    earlier turns) hash only their new blocks. An entry costs about
+    ``150 + 4 × block_size_tokens`` bytes (≈ 2.2 KB for 512-token blocks).
+
+    Args:
+        max_blocks: entries kept (≥ 1); the least recently used go first.
+
+    Raises:
+        ValueError: ``max_blocks`` < 1.
+
+    Thread safety: not thread-safe; one cache per thread (the service hashes on its event loop).
+    """
+
+    def __init__(self, max_blocks: int) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks = {max_blocks}, expected ≥ 1")
+        self.max_blocks = max_blocks
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[tuple, bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple) -> bytes | None:
+        """The digest stored under ``key`` (now the most recently used), or None."""
+        digest = self._entries.get(key)
+        if digest is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(key)
+        return digest
+
+    def put(self, key: tuple, digest: bytes) -> None:
+        """Store ``digest`` under ``key``, dropping the least recently used entry past ``max_blocks``."""
+        self._entries[key] = digest
+        if len(self._entries) > self.max_blocks:
+            self._entries.popitem(last=False)
+
+
 class BlockHasher:
     """Hashes prompts for one engine configuration (block size, hash seed, hash algorithm).
 
@@ -127,17 +176,26 @@ class BlockHasher:
         block_size_tokens: tokens per KV block (vLLM ``--block-size``), ≥ 1.
         hash_seed: the engine's ``PYTHONHASHSEED`` string.
         algorithm: the engine's ``--prefix-caching-hash-algo``, one of :data:`HASH_ALGORITHMS`.
+        cache: digests already computed, shared (None: hash every block). Prompts with a
+            token id outside ``[0, 2**32)`` are hashed without it.
 
     Raises:
         ValueError: ``block_size_tokens`` < 1, or an unknown ``algorithm``.
     """
 
-    def __init__(self, block_size_tokens: int, hash_seed: str = "0", algorithm: str = DEFAULT_HASH_ALGORITHM) -> None:
+    def __init__(
+        self,
+        block_size_tokens: int,
+        hash_seed: str = "0",
+        algorithm: str = DEFAULT_HASH_ALGORITHM,
+        cache: PrefixHashCache | None = None,
+    ) -> None:
         if block_size_tokens < 1:
             raise ValueError(f"block_size_tokens = {block_size_tokens}, expected ≥ 1")
         self.block_size_tokens = block_size_tokens
         self.hash_seed = hash_seed
         self.algorithm = algorithm
+        self.cache = cache
         self._hash = hash_function(algorithm)
         self.none_hash = self._hash(hash_seed)
 
@@ -160,9 +218,25 @@ class BlockHasher:
         digest = self._hash
         parent = self.none_hash
         out = []
-        for start in range(0, len(token_ids) - size + 1, size):
-            keys = common + (salt,) if start == 0 and salt else common
-            parent = digest((parent, tuple(token_ids[start : start + size]), keys or None))
+        cache = self.cache
+        packed = b""
+        if cache is not None:
+            try:
+                packed = array("I", token_ids[: len(token_ids) - len(token_ids) % size]).tobytes()
+            except (OverflowError, TypeError):  # a token id that is no uint32: hash without the cache
+                cache = None
+        width = size * array("I").itemsize
+        for i, start in enumerate(range(0, len(token_ids) - size + 1, size)):
+            keys = (common + (salt,) if start == 0 and salt else common) or None
+            if cache is None:
+                parent = digest((parent, tuple(token_ids[start : start + size]), keys))
+            else:
+                key = (parent, packed[i * width : (i + 1) * width], keys)
+                found = cache.get(key)
+                if found is None:
+                    found = digest((parent, tuple(token_ids[start : start + size]), keys))
+                    cache.put(key, found)
+                parent = found
             out.append(parent)
         return out
 

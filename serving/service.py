@@ -67,7 +67,7 @@ from kvcost.features.spec import FEATURE_INDEX, FEATURE_SPEC, feature_spec_hash
 from kvcost.models.composition import TERMS
 from kvcost.models.hardware import GPUS, MODELS, StepTimeModel
 from kvcost.models.term_set import TermModelSet
-from kvcost.serving.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, BlockHasher
+from kvcost.serving.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, BlockHasher, PrefixHashCache
 from kvcost.serving.directory import CacheDirectory, Namespace
 from kvcost.serving.engine_metrics import parse_scrape_target
 from kvcost.serving.kv_subscriber import KVEventSubscriber
@@ -111,6 +111,7 @@ def block_hashes_for(
     namespace: Namespace,
     algorithm: str = DEFAULT_HASH_ALGORITHM,
     hash_seed: str = "0",
+    cache: PrefixHashCache | None = None,
 ) -> tuple[int, ...]:
     """The block hashes a vLLM engine publishes for ``token_ids`` sent in ``namespace``; the service's token hasher.
 
@@ -127,6 +128,7 @@ def block_hashes_for(
         namespace: the request's KV namespace.
         algorithm: one of :data:`kvcost.serving.block_hash.HASH_ALGORITHMS`.
         hash_seed: the engines' ``PYTHONHASHSEED`` string.
+        cache: digests of blocks already hashed (shared prefixes are hashed once); None = none.
 
     Returns:
         ``len(token_ids) // block_size_tokens`` hashes in prompt order, each in ``[0, 2**64)``.
@@ -135,7 +137,7 @@ def block_hashes_for(
         ValueError: ``block_size_tokens`` < 1, or an unknown ``algorithm``.
     """
     extra_keys = (namespace.adapter,) if namespace.adapter else ()
-    hasher = BlockHasher(block_size_tokens, hash_seed, algorithm)
+    hasher = BlockHasher(block_size_tokens, hash_seed, algorithm, cache)
     return tuple(hasher.hashes(token_ids, extra_keys, namespace.cache_salt or None))
 
 
@@ -193,6 +195,13 @@ class ServiceSettings(BaseModel):
         max_length=256,
         description="the engines' PYTHONHASHSEED (vLLM seeds its block-hash chain with it; engines without "
         "one hash from a random seed, and no router can match their blocks from token ids)",
+    )
+    hash_cache_blocks: int = Field(
+        16_384,
+        ge=0,
+        le=2**24,
+        description="block digests kept so that shared prefixes are hashed once (LRU; about 150 + 4 × block "
+        "size bytes each); 0 = no cache",
     )
     kv_events: list[str] = Field(
         default_factory=list,
@@ -588,6 +597,7 @@ class ScoringService:
         self.metrics.watch_state(self._state_sample)
         self.directory = CacheDirectory()
         self.lock = threading.Lock()
+        self._hash_cache = PrefixHashCache(settings.hash_cache_blocks) if settings.hash_cache_blocks else None
         #: The KV-event subscriber feeding :attr:`directory` (set by the app), for its counters at scrape time.
         self.kv_subscriber: KVEventSubscriber | None = None
         self.run_id = settings.run_id or ""
@@ -817,7 +827,12 @@ class ScoringService:
         if req.token_ids is not None:
             salted = replace(ns, cache_salt=req.namespace.cache_salt)
             hashes = block_hashes_for(
-                req.token_ids, block_size, salted, self.settings.hash_algorithm, self.settings.hash_seed
+                req.token_ids,
+                block_size,
+                salted,
+                self.settings.hash_algorithm,
+                self.settings.hash_seed,
+                self._hash_cache,
             )
             input_tokens = len(req.token_ids)
         else:

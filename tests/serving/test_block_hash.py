@@ -10,6 +10,7 @@ from kvcost.serving.block_hash import (
     DEFAULT_HASH_ALGORITHM,
     HASH_ALGORITHMS,
     BlockHasher,
+    PrefixHashCache,
     block_digests,
     block_hashes,
     external_hash,
@@ -179,3 +180,28 @@ def test_block_size_must_be_positive():
     with pytest.raises(ValueError) as err:
         block_hashes(TOKENS, 0)
     assert str(err.value) == "block_size_tokens = 0, expected ≥ 1"
+
+
+@pytest.mark.parametrize("algorithm", HASH_ALGORITHMS)
+def test_cache_gives_the_same_digests_and_hashes_a_shared_prefix_once(algorithm):
+    cache = PrefixHashCache(max_blocks=8)
+    cached = BlockHasher(4, algorithm=algorithm, cache=cache)
+    plain = BlockHasher(4, algorithm=algorithm)
+    assert cached.digests(TOKENS, ("lora",), "s1") == plain.digests(TOKENS, ("lora",), "s1")
+    assert (cache.hits, cache.misses, len(cache)) == (0, 2, 2)
+    other = BLOCK_0 + [5, 6, 7, 8]  # shares block 0 with TOKENS
+    assert cached.digests(other, ("lora",), "s1") == plain.digests(other, ("lora",), "s1")
+    assert (cache.hits, cache.misses) == (1, 3)
+    assert cached.digests(TOKENS) == plain.digests(TOKENS)  # other extra keys: other entries
+    assert (cache.hits, cache.misses) == (1, 5)
+
+
+def test_cache_drops_the_least_recently_used_and_skips_non_uint32_tokens():
+    cache = PrefixHashCache(max_blocks=2)
+    hasher = BlockHasher(1, cache=cache)
+    hasher.digests([1, 2, 3])  # three blocks of one token: the first is dropped
+    assert (len(cache), cache.misses) == (2, 3)
+    assert hasher.digests([2**32, 1]) == BlockHasher(1).digests([2**32, 1])  # not cacheable, still hashed
+    assert (len(cache), cache.misses) == (2, 3)
+    with pytest.raises(ValueError, match="max_blocks = 0, expected ≥ 1"):
+        PrefixHashCache(0)
