@@ -2,39 +2,39 @@
 
 Exposed at ``GET /metrics`` (names as scraped; counters gain ``_total``):
 
-=========================================  =======================================================
-``kvcost_decisions_total``                 routing decisions by ``policy`` and ``reason_kind``
-``kvcost_route_latency_seconds``           service time of ``/v1/score`` and ``/v1/route``
-                                           (``endpoint``), from parsed body to response object
-``kvcost_prediction_abs_error_seconds``    \\|actual − predicted\\| per ``term`` (five terms and
-                                           ``ttft``), from ``/v1/observe``
-``kvcost_observations_total``              observations by ``result`` (recorded, duplicate,
-                                           unknown, failed)
-``kvcost_log_write_errors_total``          failed DuckDB batches
-``kvcost_model_fallbacks_total``           champion loads that fell back to the analytic model
-``kvcost_model_degraded``                  1 while scoring on the fallback model
-``kvcost_model_learned``                   1 while scoring with a learned model
-``kvcost_kv_event_messages_total``         per ``worker``: ZMQ messages received
-``kvcost_kv_event_batches_total``          per ``worker`` and ``source`` (live, replay): batches applied
-``kvcost_kv_events_ingested_total``        per ``worker``: KV events applied to the directory
-``kvcost_kv_blocks_total``                 per ``worker`` and ``op`` (stored, removed): blocks in them
-``kvcost_kv_events_rejected_total``        per ``worker`` and ``scope``: malformed ``message`` (dropped
-                                           whole) or ``event`` (dropped inside a batch)
-``kvcost_kv_events_skipped_total``         per ``worker`` and ``reason`` (unknown_type, other_group)
-``kvcost_kv_event_gaps_total``             per ``worker``: sequence gaps
-``kvcost_kv_event_replays_requested_total`` per ``worker``: replays asked of the engine
-``kvcost_kv_engine_restarts_total``        per ``worker``: sequences that went backwards
-``kvcost_kv_event_unknown_topic_total``    messages on the bound socket from an unknown topic
-``kvcost_directory_blocks``                distinct block hashes indexed (all namespaces)
-``kvcost_directory_staleness_seconds``     per ``worker``: time since its last KV event (+Inf: never)
-``kvcost_directory_stale``                 per ``worker``: 1 while its entries may be wrong (lost events)
-``kvcost_snapshot_age_seconds``            per ``worker``: age of its last snapshot (pushed or scraped)
-``kvcost_decisions_in_memory``             decisions held for /v1/observe
-``kvcost_engine_scrapes_total``            per ``worker`` and ``result`` (ok, timeout, unreachable,
-                                           http_error, parse_error, rejected): ``/metrics`` scrapes
-``kvcost_engine_scrape_consecutive_failures`` per ``worker``: failed scrapes since the last good one
-``kvcost_engine_prefix_cache_hit_ratio``   per ``worker``: the engine's prefix-cache token hit ratio
-=========================================  =======================================================
+===============================================  =======================================================
+``kvcost_decisions_total``                       routing decisions by ``policy`` and ``reason_kind``
+``kvcost_route_latency_seconds``                 service time of ``/v1/score`` and ``/v1/route``
+                                                 (``endpoint``), from parsed body to response object
+``kvcost_prediction_abs_error_seconds``          \\|actual − predicted\\| per ``term`` (five terms and
+                                                 ``ttft``), from ``/v1/observe``
+``kvcost_observations_total``                    observations by ``result`` (recorded, duplicate,
+                                                 unknown, failed)
+``kvcost_log_write_errors_total``                failed DuckDB batches
+``kvcost_model_fallbacks_total``                 champion loads that fell back to the analytic model
+``kvcost_model_degraded``                        1 while scoring on the fallback model
+``kvcost_model_learned``                         1 while scoring with a learned model
+``kvcost_kv_event_messages_total``               per ``worker``: ZMQ messages received
+``kvcost_kv_event_batches_total``                per ``worker`` and ``source`` (live, replay): batches applied
+``kvcost_kv_events_ingested_total``              per ``worker``: KV events applied to the directory
+``kvcost_kv_blocks_total``                       per ``worker`` and ``op`` (stored, removed): blocks in them
+``kvcost_kv_events_rejected_total``              per ``worker`` and ``scope``: malformed ``message`` (dropped
+                                                 whole) or ``event`` (dropped inside a batch)
+``kvcost_kv_events_skipped_total``               per ``worker`` and ``reason`` (unknown_type, other_group)
+``kvcost_kv_event_gaps_total``                   per ``worker``: sequence gaps
+``kvcost_kv_event_replays_requested_total``      per ``worker``: replays asked of the engine
+``kvcost_kv_engine_restarts_total``              per ``worker``: sequences that went backwards
+``kvcost_kv_event_unknown_topic_total``          messages on the bound socket from an unknown topic
+``kvcost_directory_blocks``                      distinct block hashes indexed (all namespaces)
+``kvcost_directory_staleness_seconds``           per ``worker``: time since its last KV event (+Inf: never)
+``kvcost_directory_stale``                       per ``worker``: 1 while its entries may be wrong (lost events)
+``kvcost_snapshot_age_seconds``                  per ``worker``: age of its last snapshot (pushed or scraped)
+``kvcost_decisions_in_memory``                   decisions held for /v1/observe
+``kvcost_engine_scrapes_total``                  per ``worker`` and ``result`` (ok, timeout, unreachable,
+                                                 http_error, parse_error, rejected): ``/metrics`` scrapes
+``kvcost_engine_scrape_consecutive_failures``    per ``worker``: failed scrapes since the last good one
+``kvcost_engine_prefix_cache_hit_ratio``         per ``worker``: the engine's prefix-cache token hit ratio
+===============================================  =======================================================
 
 The ``kvcost_kv_*`` counters and the ``kvcost_directory_*``,
 ``kvcost_snapshot_age_seconds`` and ``kvcost_decisions_in_memory`` gauges are
