@@ -53,7 +53,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvcost.serving.metrics import ServiceMetrics
-from kvcost.serving.schemas import MAX_COUNT, MAX_SECONDS, MAX_WAITING_REQUESTS, SnapshotIn
+from kvcost.serving.schemas import MAX_COUNT, MAX_SECONDS, MAX_TOKENS, MAX_WAITING_REQUESTS, SnapshotIn
 
 logger = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ def snapshot_from_metrics(current: EngineMetrics, previous: EngineMetrics | None
     else:
         decode_context = _count(current.kv_usage * current.kv_capacity_blocks * block)
     return SnapshotIn(
-        waiting_prefill=[(min(mean_prompt, 1_048_576), 0)] * waiting,
+        waiting_prefill=[(min(mean_prompt, MAX_TOKENS), 0)] * waiting,
         running_requests=_count(current.running_requests),
         decode_context_tokens=decode_context,
         kv_usage=current.kv_usage,
