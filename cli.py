@@ -451,6 +451,24 @@ def serve(
     kv_events: Annotated[
         list[str] | None, typer.Option(help="vLLM KV event stream WORKER=tcp://HOST:PORT; repeatable.")
     ] = None,
+    prefix_caching_hash_algo: Annotated[
+        str,
+        typer.Option(
+            help="The engines' --prefix-caching-hash-algo (sha256, sha256_cbor, xxhash, xxhash_cbor): token ids "
+            "are hashed as they hash them."
+        ),
+    ] = "sha256",
+    hash_seed: Annotated[
+        str, typer.Option(help="The engines' PYTHONHASHSEED (the seed of vLLM's block-hash chain).")
+    ] = "0",
+    scrape: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Engine metrics WORKER=http://HOST:PORT/metrics (vLLM or SGLang), scraped into the worker's "
+            "snapshot; repeatable."
+        ),
+    ] = None,
+    scrape_interval_s: Annotated[float, typer.Option(help="Seconds between two scrapes of every engine.")] = 1.0,
 ) -> None:
     """Run the scoring API (POST /v1/score, /v1/route, /v1/observe …) on uvicorn until interrupted."""
     import uvicorn
@@ -473,6 +491,10 @@ def serve(
                 gpu_default=gpu,
                 block_size_tokens=block_size_tokens,
                 kv_events=kv_events or [],
+                hash_algorithm=prefix_caching_hash_algo,
+                hash_seed=hash_seed,
+                scrape=scrape or [],
+                scrape_interval_s=scrape_interval_s,
                 policy=policy,
                 max_body_bytes=max_body_bytes,
             )

@@ -45,6 +45,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.serving.directory import Namespace
+from kvcost.serving.engine_metrics import EngineMetricsScraper, parse_scrape_target
 from kvcost.serving.eviction.wire import rank_request
 from kvcost.serving.kv_events import KVEventIngestor
 from kvcost.serving.kv_subscriber import KVEventSource, KVEventSubscriber
@@ -307,6 +308,16 @@ def kv_event_subscriber(settings: ServiceSettings, service: ScoringService) -> K
     return KVEventSubscriber(ingestor, sources, clock=service.clock, lock=service.lock)
 
 
+def engine_scraper(settings: ServiceSettings, service: ScoringService) -> EngineMetricsScraper | None:
+    """A scraper turning ``settings.scrape`` engines' ``/metrics`` into the service's worker snapshots, or None."""
+    if not settings.scrape:
+        return None
+    targets = [parse_scrape_target(spec) for spec in settings.scrape]
+    return EngineMetricsScraper(
+        targets, service.push_snapshot, service.metrics, settings.scrape_interval_s, settings.scrape_timeout_s
+    )
+
+
 def create_app(settings: ServiceSettings, service: ScoringService | None = None) -> FastAPI:
     """Build the API around a :class:`ScoringService` (default: one built from ``settings``).
 
@@ -325,7 +336,11 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
         subscriber = kv_event_subscriber(settings, service)
         if subscriber is not None:
             subscriber.start()
-        app.state.kv_subscriber = subscriber
+        app.state.kv_subscriber = service.kv_subscriber = subscriber
+        scraper = engine_scraper(settings, service)
+        if scraper is not None:
+            scraper.start()
+        app.state.engine_scraper = scraper
         loading = asyncio.create_task(service.load_model())
         try:
             yield
@@ -333,6 +348,8 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await loading
+            if scraper is not None:
+                await scraper.stop()
             if subscriber is not None:
                 subscriber.stop()
             service.stop()

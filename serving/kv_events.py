@@ -240,6 +240,7 @@ class IngestStats:
         unknown_events: well-formed events of a type not known here, skipped.
         skipped_events: events of another KV cache group (``group_idx``), skipped.
         gaps: sequence gaps seen.
+        replay_requests: replays asked of the engine (one per gap when a replay callback is set).
         replayed_batches: batches applied from a replay.
         restarts: sequences that went backwards (engine restarts).
     """
@@ -254,6 +255,7 @@ class IngestStats:
     unknown_events: int = 0
     skipped_events: int = 0
     gaps: int = 0
+    replay_requests: int = 0
     replayed_batches: int = 0
     restarts: int = 0
 
@@ -262,6 +264,17 @@ class IngestStats:
         """Messages plus events rejected."""
         return self.rejected_messages + self.rejected_events
 
+    @classmethod
+    def total(cls, parts: Iterable[IngestStats]) -> IngestStats:
+        """Field-wise sum of ``parts`` (a new object)."""
+        out = cls()
+        for part in parts:
+            for name in _STAT_FIELDS:
+                setattr(out, name, getattr(out, name) + getattr(part, name))
+        return out
+
+
+_STAT_FIELDS = tuple(f.name for f in dataclasses.fields(IngestStats))
 
 #: Replay callback: ``(worker_id, from_seq) -> [(seq, payload), ...]``, the batches the
 #: engine still buffers from ``from_seq`` on (vLLM's replay ROUTER socket).
@@ -297,6 +310,9 @@ class KVEventIngestor:
         >>> d.match(Namespace("m", block_size_tokens=16), [7, 8], [3], now_s=1.0)[0].reusable_blocks
         2
 
+    Counters: :attr:`worker_stats` per worker (created at a worker's first message),
+    :attr:`stats` their sum.
+
     Thread safety: not thread-safe, like the directory; :class:`~kvcost.serving.kv_subscriber.KVEventSubscriber`
     calls it under its ``lock``. Time is passed in (``now_s``); nothing reads a clock.
     """
@@ -310,13 +326,24 @@ class KVEventIngestor:
         kv_group: int = 0,
     ) -> None:
         self.directory = directory
-        self.stats = IngestStats()
+        self.worker_stats: dict[int, IngestStats] = {}
         self._namespace_of_worker = namespace_of_worker
         self.replay = replay
         self._media = dict(media)
         self._kv_group = kv_group
         self._expected: dict[int, int] = {}
         self._adapter_ns: dict[tuple[Namespace, str], Namespace] = {}
+
+    @property
+    def stats(self) -> IngestStats:
+        """Counters summed over every worker (a new object; see :attr:`worker_stats` for each worker's)."""
+        return IngestStats.total(self.worker_stats.values())
+
+    def _stats_of(self, worker_id: int) -> IngestStats:
+        stats = self.worker_stats.get(worker_id)
+        if stats is None:
+            stats = self.worker_stats[worker_id] = IngestStats()
+        return stats
 
     def expected_seq(self, worker_id: int) -> int | None:
         """Next sequence number expected from ``worker_id`` (``None`` before its first message)."""
@@ -340,6 +367,7 @@ class KVEventIngestor:
         Returns:
             Whether the message's batch was applied.
         """
+        stats = self._stats_of(worker_id)
         try:
             if len(frames) != 3:
                 return self._reject(worker_id, f"expected 3 frames [topic, seq, payload], got {len(frames)}")
@@ -350,10 +378,10 @@ class KVEventIngestor:
             expected = self._expected.get(worker_id)
             if expected is not None and seq < expected:
                 logger.warning("worker %s: sequence went back from %d to %d: restart", worker_id, expected, seq)
-                self.stats.restarts += 1
+                stats.restarts += 1
                 self.directory.clear_worker(worker_id, now_s)
             elif expected is not None and seq > expected:
-                self.stats.gaps += 1
+                stats.gaps += 1
                 self._fill_gap(worker_id, expected, seq, now_s)
             self._expected[worker_id] = seq + 1
             try:
@@ -368,11 +396,12 @@ class KVEventIngestor:
             self.directory.mark_stale(worker_id)
             return self._reject(worker_id, f"unexpected error: {err!r}")
         finally:
-            self.stats.messages += 1  # counted when done, so a reader that sees it sees the message applied
+            stats.messages += 1  # counted when done, so a reader that sees it sees the message applied
 
     def _reject(self, worker_id: int, reason: str) -> bool:
-        self.stats.rejected_messages += 1
-        _log_rejection(self.stats.rejected, "worker %s: rejected message: %s", worker_id, reason)
+        stats = self._stats_of(worker_id)
+        stats.rejected_messages += 1
+        _log_rejection(stats.rejected, "worker %s: rejected message: %s", worker_id, reason)
         return False
 
     def _fill_gap(self, worker_id: int, expected: int, seq: int, now_s: float) -> None:
@@ -381,6 +410,8 @@ class KVEventIngestor:
             logger.warning("worker %s: missed batches %d..%d, no replay: marked stale", worker_id, expected, seq)
             self.directory.mark_stale(worker_id)
             return
+        stats = self._stats_of(worker_id)
+        stats.replay_requests += 1
         try:
             replayed = {s: payload for s, payload in self.replay(worker_id, expected) if expected <= s < seq}
         except Exception:  # a failed replay degrades to a stale worker
@@ -399,13 +430,13 @@ class KVEventIngestor:
                 self._reject(worker_id, f"replayed seq {missing}: {err}")
                 continue
             self._apply(worker_id, batch, now_s)
-            self.stats.replayed_batches += 1
+            stats.replayed_batches += 1
         if not complete:
             logger.warning("worker %s: replay of %d..%d incomplete: entries marked stale", worker_id, expected, seq)
             self.directory.mark_stale(worker_id)
 
     def _apply(self, worker_id: int, batch: DecodedBatch, now_s: float) -> None:
-        stats = self.stats
+        stats = self._stats_of(worker_id)
         directory = self.directory
         base = self._namespace_of_worker(worker_id)
         lost = bool(batch.malformed_events)

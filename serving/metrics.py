@@ -2,29 +2,46 @@
 
 Exposed at ``GET /metrics`` (names as scraped; counters gain ``_total``):
 
-=========================================  =======================================================
-``kvcost_decisions_total``                 routing decisions by ``policy`` and ``reason_kind``
-``kvcost_route_latency_seconds``           service time of ``/v1/score`` and ``/v1/route``
-                                           (``endpoint``), from parsed body to response object
-``kvcost_prediction_abs_error_seconds``    \\|actual − predicted\\| per ``term`` (five terms and
-                                           ``ttft``), from ``/v1/observe``
-``kvcost_observations_total``              observations by ``result`` (recorded, duplicate,
-                                           unknown, failed)
-``kvcost_log_write_errors_total``          failed DuckDB batches
-``kvcost_model_fallbacks_total``           champion loads that fell back to the analytic model
-``kvcost_model_degraded``                  1 while scoring on the fallback model
-``kvcost_model_learned``                   1 while scoring with a learned model
-``kvcost_kv_events_ingested_total``        KV events applied to the directory, by ``kind``
-``kvcost_kv_events_rejected_total``        KV events / messages refused, by ``reason``
-``kvcost_directory_blocks``                distinct block hashes indexed (all namespaces)
-``kvcost_directory_staleness_seconds``     per ``worker``: time since its last KV event (+Inf: never)
-``kvcost_snapshot_age_seconds``            per ``worker``: age of its last pushed snapshot
-``kvcost_decisions_in_memory``             decisions held for /v1/observe
-=========================================  =======================================================
+===============================================  =======================================================
+``kvcost_decisions_total``                       routing decisions by ``policy`` and ``reason_kind``
+``kvcost_route_latency_seconds``                 service time of ``/v1/score`` and ``/v1/route``
+                                                 (``endpoint``), from parsed body to response object
+``kvcost_prediction_abs_error_seconds``          \\|actual − predicted\\| per ``term`` (five terms and
+                                                 ``ttft``), from ``/v1/observe``
+``kvcost_observations_total``                    observations by ``result`` (recorded, duplicate,
+                                                 unknown, failed)
+``kvcost_log_write_errors_total``                failed DuckDB batches
+``kvcost_model_fallbacks_total``                 champion loads that fell back to the analytic model
+``kvcost_model_degraded``                        1 while scoring on the fallback model
+``kvcost_model_learned``                         1 while scoring with a learned model
+``kvcost_kv_event_messages_total``               per ``worker``: ZMQ messages received
+``kvcost_kv_event_batches_total``                per ``worker`` and ``source`` (live, replay): batches applied
+``kvcost_kv_events_ingested_total``              per ``worker``: KV events applied to the directory
+``kvcost_kv_blocks_total``                       per ``worker`` and ``op`` (stored, removed): blocks in them
+``kvcost_kv_events_rejected_total``              per ``worker`` and ``scope``: malformed ``message`` (dropped
+                                                 whole) or ``event`` (dropped inside a batch)
+``kvcost_kv_events_skipped_total``               per ``worker`` and ``reason`` (unknown_type, other_group)
+``kvcost_kv_event_gaps_total``                   per ``worker``: sequence gaps
+``kvcost_kv_event_replays_requested_total``      per ``worker``: replays asked of the engine
+``kvcost_kv_engine_restarts_total``              per ``worker``: sequences that went backwards
+``kvcost_kv_event_unknown_topic_total``          messages on the bound socket from an unknown topic
+``kvcost_directory_blocks``                      distinct block hashes indexed (all namespaces)
+``kvcost_directory_staleness_seconds``           per ``worker``: time since its last KV event (+Inf: never)
+``kvcost_directory_stale``                       per ``worker``: 1 while its entries may be wrong (lost events)
+``kvcost_snapshot_age_seconds``                  per ``worker``: age of its last snapshot (pushed or scraped)
+``kvcost_decisions_in_memory``                   decisions held for /v1/observe
+``kvcost_engine_scrapes_total``                  per ``worker`` and ``result`` (ok, timeout, unreachable,
+                                                 http_error, parse_error, rejected): ``/metrics`` scrapes
+``kvcost_engine_scrape_consecutive_failures``    per ``worker``: failed scrapes since the last good one
+``kvcost_engine_prefix_cache_hit_ratio``         per ``worker``: the engine's prefix-cache token hit ratio
+===============================================  =======================================================
 
-The KV-event ingestor counts into :attr:`ServiceMetrics.kv_events_ingested` and
-:attr:`ServiceMetrics.kv_events_rejected`; the last four are read from the
-service's state at scrape time (:meth:`ServiceMetrics.watch_state`).
+The ``kvcost_kv_*`` counters and the ``kvcost_directory_*``,
+``kvcost_snapshot_age_seconds`` and ``kvcost_decisions_in_memory`` gauges are
+read from the service's state at scrape time (:meth:`ServiceMetrics.watch_state`;
+the KV-event counters are the ingestor's per-worker
+:class:`~kvcost.serving.kv_events.IngestStats`); the scraper of
+:mod:`kvcost.serving.engine_metrics` counts into the ``kvcost_engine_*`` metrics.
 
 Thread safety: prometheus-client metrics are thread-safe; the state callback
 runs in the scraping thread (the event loop).
@@ -36,9 +53,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kvcost.models.composition import TERMS
+from kvcost.serving.kv_events import IngestStats
 
 #: ``reason_kind`` label values kept; any further kind is counted as ``other`` (bounded cardinality).
 MAX_REASON_KINDS = 64
@@ -77,14 +95,20 @@ class StateSample:
     Attributes:
         directory_blocks: distinct block hashes in the directory.
         directory_staleness_s: worker id → seconds since its last KV event (``inf`` if never).
-        snapshot_age_s: worker id → seconds since its last pushed snapshot.
+        directory_stale: worker id → its entries may be wrong (events were lost).
+        snapshot_age_s: worker id → seconds since its last snapshot.
         decisions_in_memory: decisions held for ``/v1/observe``.
+        kv_event_stats: worker id → the KV-event ingestor's counters (copies).
+        kv_event_unknown_topic_messages: messages from an unknown topic (no worker).
     """
 
     directory_blocks: int = 0
     directory_staleness_s: dict[int, float] = field(default_factory=dict)
+    directory_stale: dict[int, bool] = field(default_factory=dict)
     snapshot_age_s: dict[int, float] = field(default_factory=dict)
     decisions_in_memory: int = 0
+    kv_event_stats: dict[int, IngestStats] = field(default_factory=dict)
+    kv_event_unknown_topic_messages: int = 0
 
 
 class _StateCollector:
@@ -106,6 +130,12 @@ class _StateCollector:
         for worker, age_s in sorted(s.directory_staleness_s.items()):
             stale.add_metric([str(worker)], age_s)
         yield stale
+        flag = GaugeMetricFamily(
+            "kvcost_directory_stale", "1 while the worker's entries may be wrong (lost KV events)", labels=["worker"]
+        )
+        for worker, is_stale in sorted(s.directory_stale.items()):
+            flag.add_metric([str(worker)], 1.0 if is_stale else 0.0)
+        yield flag
         snap = GaugeMetricFamily("kvcost_snapshot_age_seconds", "Age of the worker's last snapshot", labels=["worker"])
         for worker, age_s in sorted(s.snapshot_age_s.items()):
             snap.add_metric([str(worker)], age_s)
@@ -113,6 +143,56 @@ class _StateCollector:
         yield GaugeMetricFamily(
             "kvcost_decisions_in_memory", "Decisions held for /v1/observe", value=s.decisions_in_memory
         )
+        yield from _kv_event_families(s)
+        yield CounterMetricFamily(
+            "kvcost_kv_event_unknown_topic",
+            "KV event messages from an unknown topic",
+            value=s.kv_event_unknown_topic_messages,
+        )
+
+
+#: (name, help, extra label, {label value: IngestStats field or callable}) of the per-worker KV-event counters.
+_KV_COUNTERS: tuple[tuple[str, str, str | None, dict], ...] = (
+    ("kvcost_kv_event_messages", "KV event messages received", None, {"": "messages"}),
+    (
+        "kvcost_kv_event_batches",
+        "KV event batches applied, by source",
+        "source",
+        {"live": lambda st: st.batches - st.replayed_batches, "replay": "replayed_batches"},
+    ),
+    ("kvcost_kv_events_ingested", "KV events applied to the directory", None, {"": "events"}),
+    (
+        "kvcost_kv_blocks",
+        "Blocks in applied KV events, by op",
+        "op",
+        {"stored": "blocks_stored", "removed": "blocks_removed"},
+    ),
+    (
+        "kvcost_kv_events_rejected",
+        "Malformed KV event messages (dropped whole) and events (dropped inside a batch)",
+        "scope",
+        {"message": "rejected_messages", "event": "rejected_events"},
+    ),
+    (
+        "kvcost_kv_events_skipped",
+        "Well-formed KV events not applied, by reason",
+        "reason",
+        {"unknown_type": "unknown_events", "other_group": "skipped_events"},
+    ),
+    ("kvcost_kv_event_gaps", "KV event sequence gaps", None, {"": "gaps"}),
+    ("kvcost_kv_event_replays_requested", "Replays asked of the engine after a gap", None, {"": "replay_requests"}),
+    ("kvcost_kv_engine_restarts", "Engine restarts seen (sequence went backwards)", None, {"": "restarts"}),
+)
+
+
+def _kv_event_families(s: StateSample) -> Iterator[Metric]:
+    for name, doc, label, values in _KV_COUNTERS:
+        family = CounterMetricFamily(name, doc, labels=["worker"] if label is None else ["worker", label])
+        for worker, stats in sorted(s.kv_event_stats.items()):
+            for value, source in values.items():
+                count = source(stats) if callable(source) else getattr(stats, source)
+                family.add_metric([str(worker)] if label is None else [str(worker), value], count)
+        yield family
 
 
 class ServiceMetrics:
@@ -143,11 +223,20 @@ class ServiceMetrics:
         )
         self.model_degraded = Gauge("kvcost_model_degraded", "1 while scoring on the fallback model", registry=r)
         self.model_learned = Gauge("kvcost_model_learned", "1 while scoring with a learned model", registry=r)
-        self.kv_events_ingested = Counter(
-            "kvcost_kv_events_ingested", "KV events applied to the directory", ["kind"], registry=r
+        self.engine_scrapes = Counter(
+            "kvcost_engine_scrapes", "Scrapes of the engines' /metrics, by result", ["worker", "result"], registry=r
         )
-        self.kv_events_rejected = Counter(
-            "kvcost_kv_events_rejected", "KV events or messages refused", ["reason"], registry=r
+        self.engine_scrape_failures_in_row = Gauge(
+            "kvcost_engine_scrape_consecutive_failures",
+            "Failed scrapes of the worker since its last good one",
+            ["worker"],
+            registry=r,
+        )
+        self.engine_prefix_cache_hit_ratio = Gauge(
+            "kvcost_engine_prefix_cache_hit_ratio",
+            "The engine's prefix-cache token hit ratio (over the last scrape interval when counters allow)",
+            ["worker"],
+            registry=r,
         )
         for term in (*TERMS, "ttft"):  # every term series exists from the start
             self.prediction_abs_error.labels(term)

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import ipaddress
 import logging
 import queue
@@ -68,7 +67,10 @@ from kvcost.features.spec import FEATURE_INDEX, FEATURE_SPEC, feature_spec_hash
 from kvcost.models.composition import TERMS
 from kvcost.models.hardware import GPUS, MODELS, StepTimeModel
 from kvcost.models.term_set import TermModelSet
+from kvcost.serving.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, BlockHasher, PrefixHashCache
 from kvcost.serving.directory import CacheDirectory, Namespace
+from kvcost.serving.engine_metrics import parse_scrape_target
+from kvcost.serving.kv_subscriber import KVEventSubscriber
 from kvcost.serving.metrics import ServiceMetrics, StateSample
 from kvcost.serving.policies import ROUTER_POLICIES
 from kvcost.serving.router import Router, RouterSettings
@@ -103,51 +105,40 @@ RegistryLister = Callable[[], list[dict]]
 """Lists the registry's versions (rows of :func:`kvcost.models.mlflow_store.list_versions`). Runs in a thread."""
 
 
-def block_hashes_for(token_ids: Sequence[int], block_size_tokens: int, namespace: Namespace) -> tuple[int, ...]:
-    """Chained hashes of the full blocks of ``token_ids`` in ``namespace``; the service's only token hasher.
+def block_hashes_for(
+    token_ids: Sequence[int],
+    block_size_tokens: int,
+    namespace: Namespace,
+    algorithm: str = DEFAULT_HASH_ALGORITHM,
+    hash_seed: str = "0",
+    cache: PrefixHashCache | None = None,
+) -> tuple[int, ...]:
+    """The block hashes a vLLM engine publishes for ``token_ids`` sent in ``namespace``; the service's token hasher.
 
-    What it computes today: ``h_i`` = the 64-bit big-endian integer of
-    BLAKE2b (8-byte digest) over ``h_{i−1}`` (8 bytes, big-endian) followed by
-    the block's token ids as little-endian uint32; ``h_{−1}`` is the same
-    digest of the namespace's fields (model, revision, adapter, block size,
-    KV layout, cache salt), so equal tokens in two namespaces never share a
-    hash. Only full blocks are hashed (a partial last block is not cacheable).
-    Deterministic across processes and machines, but it is not vLLM's
-    ``sha256_cbor`` chaining: it matches hashes that the same function
-    computed (block hashes sent by routers, the approximate directory), not
-    those an engine publishes in its KV events.
+    vLLM's chaining (:mod:`kvcost.serving.block_hash`): the namespace's adapter
+    is the LoRA name vLLM puts in every block's extra keys, its cache salt goes
+    in the first block's; ``algorithm`` and ``hash_seed`` are the engines'
+    ``--prefix-caching-hash-algo`` and ``PYTHONHASHSEED``. Model, revision and
+    KV layout are not hashed (vLLM does not): the directory keeps namespaces
+    apart. Only full blocks are hashed (a partial last block is not cacheable).
 
     Args:
         token_ids: prompt token ids, each in ``[0, 2**32)``.
         block_size_tokens: tokens per block (≥ 1).
         namespace: the request's KV namespace.
+        algorithm: one of :data:`kvcost.serving.block_hash.HASH_ALGORITHMS`.
+        hash_seed: the engines' ``PYTHONHASHSEED`` string.
+        cache: digests of blocks already hashed (shared prefixes are hashed once); None = none.
 
     Returns:
         ``len(token_ids) // block_size_tokens`` hashes in prompt order, each in ``[0, 2**64)``.
 
     Raises:
-        ValueError: ``block_size_tokens`` < 1.
+        ValueError: ``block_size_tokens`` < 1, or an unknown ``algorithm``.
     """
-    if block_size_tokens < 1:
-        raise ValueError(f"block_size_tokens = {block_size_tokens}, expected an integer ≥ 1")
-    n_blocks = len(token_ids) // block_size_tokens
-    seed = "\x1f".join(
-        (
-            namespace.model,
-            namespace.revision,
-            namespace.adapter,
-            str(block_size_tokens),
-            namespace.kv_layout,
-            namespace.cache_salt,
-        )
-    )
-    parent = hashlib.blake2b(seed.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    blocks = np.asarray(token_ids[: n_blocks * block_size_tokens], dtype="<u4").reshape(n_blocks, block_size_tokens)
-    hashes: list[int] = []
-    for block in blocks:
-        parent = hashlib.blake2b(parent + block.tobytes(), digest_size=8).digest()
-        hashes.append(int.from_bytes(parent, "big"))
-    return tuple(hashes)
+    extra_keys = (namespace.adapter,) if namespace.adapter else ()
+    hasher = BlockHasher(block_size_tokens, hash_seed, algorithm, cache)
+    return tuple(hasher.hashes(token_ids, extra_keys, namespace.cache_salt or None))
 
 
 def is_loopback(host: str) -> bool:
@@ -194,11 +185,36 @@ class ServiceSettings(BaseModel):
         60.0, ge=0, description="roll the log into Parquet segments for readers (kvcost retrain) this often; 0 = never"
     )
     run_id: str | None = Field(None, max_length=128, description="log run id; None = serve-<UTC time>-<random>")
+    hash_algorithm: str = Field(
+        DEFAULT_HASH_ALGORITHM,
+        description="the engines' --prefix-caching-hash-algo: token ids are hashed as they hash them "
+        f"({', '.join(HASH_ALGORITHMS)}; vLLM's default is {DEFAULT_HASH_ALGORITHM})",
+    )
+    hash_seed: str = Field(
+        "0",
+        max_length=256,
+        description="the engines' PYTHONHASHSEED (vLLM seeds its block-hash chain with it; engines without "
+        "one hash from a random seed, and no router can match their blocks from token ids)",
+    )
+    hash_cache_blocks: int = Field(
+        16_384,
+        ge=0,
+        le=2**24,
+        description="block digests kept so that shared prefixes are hashed once (LRU; about 150 + 4 × block "
+        "size bytes each); 0 = no cache",
+    )
     kv_events: list[str] = Field(
         default_factory=list,
         description="vLLM KV event streams, WORKER=tcp://HOST:PORT (one per engine); their blocks fill the "
         "directory in the namespace (model, block size) of these settings",
     )
+    scrape: list[str] = Field(
+        default_factory=list,
+        description="engines' Prometheus endpoints, WORKER=http://HOST:PORT/metrics (vLLM or SGLang); each "
+        "scrape becomes the worker's snapshot, as a POST /v1/workers/WORKER/snapshot would",
+    )
+    scrape_interval_s: float = Field(1.0, gt=0, le=3600, description="time between two scrapes of every engine")
+    scrape_timeout_s: float = Field(1.0, gt=0, le=60, description="limit of one scrape's HTTP request")
 
     @model_validator(mode="after")
     def _check(self) -> ServiceSettings:
@@ -209,8 +225,13 @@ class ServiceSettings(BaseModel):
         usable = [p for p in ROUTER_POLICIES.names() if p not in REPLAY_ONLY_POLICIES]
         if self.policy not in usable:
             raise ValueError(f"policy = {self.policy!r}, expected one of {', '.join(usable)}")
+        if self.hash_algorithm not in HASH_ALGORITHMS:
+            raise ValueError(f"hash_algorithm = {self.hash_algorithm!r}, expected one of {', '.join(HASH_ALGORITHMS)}")
         for spec in self.kv_events:
             parse_kv_event_source(spec)
+        scraped = [parse_scrape_target(spec).worker_id for spec in self.scrape]
+        if len(set(scraped)) != len(scraped):
+            raise ValueError(f"scrape names worker ids {scraped}; each worker may be scraped once")
         if not is_loopback(self.host) and self.token_file is None and not self.insecure:
             raise ValueError(
                 f"host = {self.host!r} is not a loopback address and no token file is given: the write "
@@ -576,6 +597,9 @@ class ScoringService:
         self.metrics.watch_state(self._state_sample)
         self.directory = CacheDirectory()
         self.lock = threading.Lock()
+        self._hash_cache = PrefixHashCache(settings.hash_cache_blocks) if settings.hash_cache_blocks else None
+        #: The KV-event subscriber feeding :attr:`directory` (set by the app), for its counters at scrape time.
+        self.kv_subscriber: KVEventSubscriber | None = None
         self.run_id = settings.run_id or ""
         self.step_models: dict[str, StepTimeModel] = {}
         self.router: Router | None = None
@@ -797,10 +821,19 @@ class ScoringService:
             adapter=req.namespace.adapter,
             block_size_tokens=block_size,
             kv_layout=req.namespace.kv_layout,
-            cache_salt=req.namespace.cache_salt,
+            # not cache_salt: vLLM hashes the salt into the first block, and its KV events do not
+            # carry it, so salted blocks are stored (and found) in the unsalted namespace
         )
         if req.token_ids is not None:
-            hashes = block_hashes_for(req.token_ids, block_size, ns)
+            salted = replace(ns, cache_salt=req.namespace.cache_salt)
+            hashes = block_hashes_for(
+                req.token_ids,
+                block_size,
+                salted,
+                self.settings.hash_algorithm,
+                self.settings.hash_seed,
+                self._hash_cache,
+            )
             input_tokens = len(req.token_ids)
         else:
             hashes = tuple(req.block_hashes or ())
@@ -1069,15 +1102,25 @@ class ScoringService:
         if not self.started:
             return StateSample()
         now_s = self.clock()
-        workers = sorted(self._snapshots)
+        subscriber = self.kv_subscriber
         with self.lock:
+            kv_stats = {}
+            unknown_topic = 0
+            if subscriber is not None:
+                kv_stats = {w: replace(st) for w, st in subscriber.ingestor.worker_stats.items()}
+                unknown_topic = subscriber.unknown_topic_messages
+            workers = sorted(set(self._snapshots) | set(kv_stats))
             blocks = self.directory.num_blocks()
             matches = self.directory.match(Namespace(""), (), workers, now_s)
+            stale = {w: self.directory.is_stale(w) for w in workers}
         return StateSample(
             directory_blocks=blocks,
             directory_staleness_s={m.worker_id: m.age_s for m in matches},
-            snapshot_age_s={w: max(0.0, now_s - self._snapshots[w][1]) for w in workers},
+            directory_stale=stale,
+            snapshot_age_s={w: max(0.0, now_s - received_s) for w, (_, received_s) in sorted(self._snapshots.items())},
             decisions_in_memory=len(self._decisions),
+            kv_event_stats=kv_stats,
+            kv_event_unknown_topic_messages=unknown_topic,
         )
 
     def decisions_in_memory(self) -> int:

@@ -1,6 +1,7 @@
 """Benchmarks of the scoring path (``make bench``; not run by default): printed, not asserted.
 
 * in-process ``Router.route``: 16 candidates, 8,192-token requests, 10,000 decisions;
+* vLLM-compatible token hashing of one 8,192-token prompt, per ``--prefix-caching-hash-algo``;
 * ``POST /v1/route`` on a real uvicorn process at 200 requests/s from a loopback
   load generator (httpx clients in threads, open loop: each request is sent at
   its scheduled time), then ``POST /v1/observe`` of the same ids at 200/s (the
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from kvcost.models.hardware import StepTimeModel
+from kvcost.serving.block_hash import HASH_ALGORITHMS, BlockHasher, PrefixHashCache
 from kvcost.serving.directory import CacheDirectory, Namespace
 from kvcost.serving.router import Router, RouterSettings
 from kvcost.serving.service import block_hashes_for
@@ -90,6 +92,26 @@ def test_bench_router_route_in_process():
         times[k] = time.perf_counter() - t0
     print(f"\nbench: Router.route, {N_CANDIDATES} candidates, {INPUT_TOKENS}-token requests, 10,000 decisions: ")
     print(f"  {_percentiles_ms(times)}")
+
+
+def test_bench_token_hashing_per_algorithm():
+    rng = np.random.default_rng(2)
+    prompt = rng.integers(0, 128_000, INPUT_TOKENS).tolist()
+    print(f"\nbench: vLLM block hashes of one {INPUT_TOKENS}-token prompt, ms (P50 of 200)")
+    for algorithm in HASH_ALGORITHMS:
+        for block in (16, BLOCK):
+            uncached = BlockHasher(block, "0", algorithm)
+            cached = BlockHasher(block, "0", algorithm, PrefixHashCache(1 << 16))
+            times = {}
+            for name, hasher in (("uncached", uncached), ("prefix cached", cached)):
+                hasher.hashes(prompt)
+                samples = []
+                for _ in range(200):
+                    t0 = time.perf_counter()
+                    hasher.hashes(prompt)
+                    samples.append(time.perf_counter() - t0)
+                times[name] = np.median(samples) * 1e3
+            print(f"  {algorithm:12s} {block:4d}-token blocks: " + ", ".join(f"{k} {v:.3f}" for k, v in times.items()))
 
 
 def _open_loop(url: str, requests: list[tuple[str, bytes]], rate_per_s: float):

@@ -1,12 +1,18 @@
 """``kvcost serve --kv-events``: a real vLLM-format publisher fills the service's directory, /v1/score sees it."""
 
+import hashlib
+import pickle
+
+import cbor2
 import pytest
+import xxhash
 import zmq
 from fastapi.testclient import TestClient
 
 from kvcost.serving.api import create_app
 from kvcost.serving.service import ServiceSettings, parse_kv_event_source
 
+from .test_kv_events import VMAP
 from .test_kv_subscriber import V010, FakeEngine, stored, wait_for
 
 BLOCK = 4
@@ -54,3 +60,100 @@ def test_kv_event_entries_are_validated():
     assert parse_kv_event_source("3=tcp://127.0.0.1:5557") == (3, "tcp://127.0.0.1:5557")
     with pytest.raises(ValueError, match="kv_events entry 'x', expected WORKER=tcp://HOST:PORT"):
         ServiceSettings(db_path="log.duckdb", kv_events=["x"])
+
+
+# What a vLLM engine computes (vllm/v1/core/kv_cache_utils.py hash_block_tokens with the hash functions of
+# vllm/utils/hashing.py), restated here independently of kvcost.serving.block_hash.
+ENGINE_HASH_FN = {
+    "sha256": lambda x: hashlib.sha256(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)).digest(),
+    "sha256_cbor": lambda x: hashlib.sha256(cbor2.dumps(x, canonical=True)).digest(),
+    "xxhash": lambda x: xxhash.xxh3_128_digest(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)),
+    "xxhash_cbor": lambda x: xxhash.xxh3_128_digest(cbor2.dumps(x, canonical=True)),
+}
+
+
+def engine_block_hashes(tokens, block_size, algorithm, seed, lora_name=None, salt=None):
+    """The ints a vLLM engine publishes in BlockStored for ``tokens`` (PYTHONHASHSEED=seed)."""
+    fn = ENGINE_HASH_FN[algorithm]
+    parent = fn(seed)  # NONE_HASH
+    out = []
+    for i in range(len(tokens) // block_size):
+        keys = ([lora_name] if lora_name else []) + ([salt] if i == 0 and salt else [])
+        parent = fn((parent, tuple(tokens[i * block_size : (i + 1) * block_size]), tuple(keys) if keys else None))
+        out.append(int.from_bytes(parent, "big") & (2**64 - 1))
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
+def test_token_ids_match_the_blocks_an_engine_published(tmp_path, context, algorithm):
+    tokens = [7, 300, 70_000, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]  # 5 full blocks of 4
+    engine = FakeEngine(context)
+    settings = ServiceSettings(
+        db_path=tmp_path / "log.duckdb",
+        segment_roll_interval_s=0,
+        block_size_tokens=BLOCK,
+        hash_algorithm=algorithm,
+        hash_seed="42",
+        kv_events=[f"1={engine.endpoint}"],
+    )
+    plain = engine_block_hashes(tokens, BLOCK, algorithm, "42")
+    tenant = engine_block_hashes(tokens, BLOCK, algorithm, "42", lora_name="sql-lora", salt="tenant-1")
+    with TestClient(create_app(settings)) as client:
+        subscriber = client.app.state.kv_subscriber
+        engine.wait_subscribed()
+        events = [VMAP.BlockStored(plain[:3], None, tokens[:12], BLOCK, None, "GPU", None)]
+        events.append(VMAP.BlockStored(tenant[:2], None, tokens[:8], BLOCK, 1, "GPU", "sql-lora"))
+        engine.publish(0, VMAP.EventBatch(100.0, events))
+        wait_for(subscriber, 1)
+
+        def reusable(adapter="", cache_salt=""):
+            namespace = {"model": "llama-3-8b", "block_size_tokens": BLOCK, "adapter": adapter}
+            request = {"request_id": 1, "namespace": namespace | {"cache_salt": cache_salt}, "token_ids": tokens}
+            body = {"request": request, "candidates": [{"worker_id": 0, "snapshot": {}}, {"worker_id": 1}]}
+            client.post("/v1/workers/1/snapshot", json={})
+            return [c["reusable_tokens"] for c in client.post("/v1/score", json=body).json()["candidates"]]
+
+        assert reusable() == [0, 12]
+        assert reusable("sql-lora", "tenant-1") == [0, 8]
+        assert reusable("sql-lora", "tenant-2") == [0, 0]  # another tenant's salt: another chain
+        assert reusable("", "tenant-1") == [0, 0]
+    engine.close()
+
+
+def test_kv_event_counters_per_worker_in_the_prometheus_exposition(tmp_path, context):
+    engine = FakeEngine(context)
+    settings = ServiceSettings(
+        db_path=tmp_path / "log.duckdb",
+        segment_roll_interval_s=0,
+        block_size_tokens=BLOCK,
+        kv_events=[f"3={engine.endpoint}"],
+    )
+    with TestClient(create_app(settings)) as client:
+        subscriber = client.app.state.kv_subscriber
+        engine.wait_subscribed()
+        engine.publish(0, V010.EventBatch(100.0, [stored([11, 12]), V010.BlockRemoved([12], "GPU")], None))
+        engine.publish(2, V010.EventBatch(101.0, [stored([21], medium="TAPE")], None))  # gap (1 lost), bad medium
+        engine.send_raw([engine.topic, (3).to_bytes(8, "big"), b"\xc1 not msgpack"])
+        engine.publish(1, V010.EventBatch(102.0, [stored([31])], None))  # went back: a restart
+        wait_for(subscriber, 4)
+        text = client.get("/metrics").text
+    engine.close()
+    expected = [
+        'kvcost_kv_event_messages_total{worker="3"} 4.0',
+        'kvcost_kv_event_batches_total{source="live",worker="3"} 3.0',
+        'kvcost_kv_event_batches_total{source="replay",worker="3"} 0.0',
+        'kvcost_kv_events_ingested_total{worker="3"} 3.0',
+        'kvcost_kv_blocks_total{op="stored",worker="3"} 3.0',
+        'kvcost_kv_blocks_total{op="removed",worker="3"} 1.0',
+        'kvcost_kv_events_rejected_total{scope="message",worker="3"} 1.0',
+        'kvcost_kv_events_rejected_total{scope="event",worker="3"} 1.0',
+        'kvcost_kv_event_gaps_total{worker="3"} 1.0',
+        'kvcost_kv_event_replays_requested_total{worker="3"} 0.0',
+        'kvcost_kv_engine_restarts_total{worker="3"} 1.0',
+        "kvcost_kv_event_unknown_topic_total 0.0",
+        "kvcost_directory_blocks 1.0",  # the restart dropped 11; 31 stored after it
+        'kvcost_directory_stale{worker="3"} 0.0',  # the restart's clear made the view exact again
+    ]
+    lines = set(text.splitlines())
+    assert [line for line in expected if line not in lines] == []
+    assert any(line.startswith('kvcost_directory_staleness_seconds{worker="3"} ') for line in lines)

@@ -20,6 +20,7 @@ from kvcost.serving.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    IngestStats,
     KVEventDecodeError,
     KVEventIngestor,
     decode_batch,
@@ -351,7 +352,29 @@ def test_gap_is_filled_from_the_replay_before_the_new_batch():
     # replayed: 2 stored, 1 removed; then live 3: 1 stored again → the full chain
     assert directory.match(NS, [1, 2], [4], now_s=1.0) == [DirectoryMatch(4, 2, "gpu", 0.0)]
     s = ingestor.stats
-    assert (s.gaps, s.replayed_batches, s.batches, s.events) == (1, 2, 4, 4)
+    assert (s.gaps, s.replay_requests, s.replayed_batches, s.batches, s.events) == (1, 1, 2, 4, 4)
+
+
+def test_counters_are_kept_per_worker_and_summed():
+    _, ingestor = make_ingestor()
+    ingestor.ingest(0, frames(0, v010([V010.BlockStored([1, 2], None, [], 4, None, "GPU")])), now_s=0.0)
+    ingestor.ingest(0, frames(2, v010([V010.BlockRemoved([2], "GPU")])), now_s=0.0)  # gap, no replay
+    ingestor.ingest(1, frames(0, b"garbage"), now_s=0.0)
+    ingestor.ingest(1, frames(1, v010([V010.BlockStored([9], None, [], 4, None, "TAPE")])), now_s=0.0)
+    w0, w1 = ingestor.worker_stats[0], ingestor.worker_stats[1]
+    assert (w0.messages, w0.batches, w0.events, w0.blocks_stored, w0.blocks_removed, w0.gaps) == (2, 2, 2, 2, 1, 1)
+    assert (w0.rejected, w0.replay_requests, w0.restarts) == (0, 0, 0)
+    assert (w1.messages, w1.batches, w1.events, w1.rejected_messages, w1.rejected_events) == (2, 1, 0, 1, 1)
+    assert ingestor.stats == IngestStats(
+        messages=4,
+        batches=3,
+        events=2,
+        blocks_stored=2,
+        blocks_removed=1,
+        rejected_messages=1,
+        rejected_events=1,
+        gaps=1,
+    )
 
 
 def test_incomplete_or_failing_replay_marks_stale():
