@@ -1,8 +1,8 @@
 """Which workers can serve a request, and whose KV a worker can reuse (DESIGN.md §2).
 
 A worker can serve a request only if it runs the same model, revision and
-adapter with the same block size and cache salt (the request's
-:class:`~kvcost.serving.directory.Namespace` minus the KV layout). Its KV layout
+adapter with the same block size (the request's
+:class:`~kvcost.serving.directory.Namespace` minus KV layout and cache salt). Its KV layout
 (``"<dtype>-tp<N>"``: element type and tensor-parallel split) decides whether
 KV computed elsewhere is usable there:
 
@@ -39,15 +39,19 @@ def parse_layout(layout: str) -> tuple[str, int]:
 
 
 def serves(worker: Namespace | None, request: Namespace) -> bool:
-    """Whether a worker of namespace ``worker`` can serve ``request`` (None: a worker that did not say)."""
+    """Whether a worker of namespace ``worker`` can serve ``request`` (None: a worker that did not say).
+
+    Model, revision, adapter and block size must match; the KV layout need not (it
+    decides only whose KV is reusable there), nor the cache salt (a property of the
+    request's tenant, not of the worker).
+    """
     if worker is None:
         return True
-    return (worker.model, worker.revision, worker.adapter, worker.block_size_tokens, worker.cache_salt) == (
+    return (worker.model, worker.revision, worker.adapter, worker.block_size_tokens) == (
         request.model,
         request.revision,
         request.adapter,
         request.block_size_tokens,
-        request.cache_salt,
     )
 
 

@@ -131,6 +131,11 @@ class SnapshotIn(BaseModel):
     waiting_prompt_blocks: Count = 0
     oldest_waiting_s: Seconds = 0.0
     recent_step_nominal_s: Seconds = Field(0.0, description="0 = unknown")
+    namespace: NamespaceIn | None = Field(
+        None,
+        description="what the worker serves (model, revision, adapter, block size, KV layout); null = anything. "
+        "Candidates that cannot serve the request's namespace are left out",
+    )
 
 
 class CandidateIn(BaseModel):

@@ -68,6 +68,7 @@ from kvcost.models.composition import TERMS
 from kvcost.models.hardware import GPUS, MODELS, StepTimeModel
 from kvcost.models.term_set import TermModelSet
 from kvcost.serving.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, BlockHasher, PrefixHashCache
+from kvcost.serving.compatibility import serves
 from kvcost.serving.directory import CacheDirectory, Namespace
 from kvcost.serving.engine_metrics import parse_scrape_target
 from kvcost.serving.kv_subscriber import KVEventSubscriber
@@ -85,6 +86,7 @@ from kvcost.serving.schemas import (
     ScoreRequestIn,
     ScoreResponse,
     SnapshotAck,
+    NamespaceIn,
     SnapshotIn,
     TermsOut,
 )
@@ -861,6 +863,15 @@ class ScoringService:
                 sources.append("pushed")
                 ages.append(max(0.0, now_s - received_s))
             snapshots.append(snapshot)
+        serving = [i for i, snapshot in enumerate(snapshots) if serves(snapshot.namespace, ns)]
+        if not serving:
+            raise FieldError(
+                ("candidates",),
+                f"no candidate serves namespace model={ns.model!r} revision={ns.revision!r} "
+                f"adapter={ns.adapter!r} block_size_tokens={ns.block_size_tokens}",
+            )
+        if len(serving) < len(snapshots):
+            snapshots, sources, ages = ([x[i] for i in serving] for x in (snapshots, sources, ages))
         arrival_s = req.arrival_s if req.arrival_s is not None else now_s
         return RouteRequest(req.request_id, arrival_s, input_tokens, hashes, ns), snapshots, sources, ages
 
@@ -882,7 +893,14 @@ class ScoringService:
             waiting_prompt_blocks=body.waiting_prompt_blocks,
             oldest_waiting_s=body.oldest_waiting_s,
             recent_step_nominal_s=body.recent_step_nominal_s,
+            namespace=self._worker_namespace(body.namespace),
         )
+
+    def _worker_namespace(self, body: NamespaceIn | None) -> Namespace | None:
+        if body is None:
+            return None
+        block_size = body.block_size_tokens or self.settings.block_size_tokens
+        return Namespace(body.model, body.revision, body.adapter, block_size, body.kv_layout)
 
     def _require_started(self) -> None:
         if self.router is None or self._scorer is None or self._writer is None:

@@ -168,7 +168,7 @@ def test_unfitted_save_load_stays_unfitted(name, tiny_features, tmp_path):
 def test_rejects_bad_shapes_and_values(name, tiny_features):
     predictor = make_term_predictor(name, "queue")
     y = queue_target_s(tiny_features)
-    with pytest.raises(ValueError, match=r"features must have shape \(n, 29\)"):
+    with pytest.raises(ValueError, match=rf"features must have shape \(n, {len(FEATURE_NAMES)}\)"):
         predictor.fit(tiny_features[:, :-1], y)
     with pytest.raises(ValueError, match=r"target_s must have shape \(64,\)"):
         predictor.fit(tiny_features, y[:-1])
@@ -181,7 +181,8 @@ def test_rejects_bad_shapes_and_values(name, tiny_features):
     with pytest.raises(ValueError, match="cannot fit on 0 rows"):
         predictor.fit(tiny_features[:0], y[:0])
     predictor.fit(tiny_features, y)
-    with pytest.raises(ValueError, match=r"features must have shape \(n, 29\) in FEATURE_NAMES order; got \(29,\)"):
+    n = len(FEATURE_NAMES)
+    with pytest.raises(ValueError, match=rf"features must have shape \(n, {n}\) in FEATURE_NAMES order; got \({n},\)"):
         predictor.predict_many(tiny_features[0])
 
 
