@@ -457,3 +457,20 @@ def test_observe_while_log_is_failing_is_503_then_succeeds(client):
     assert client.get("/readyz").json()["status"] == "ready"
     errors = [line for line in client.get("/metrics").text.splitlines() if line.startswith("kvcost_log_write_errors")]
     assert float(errors[0].split()[1]) >= 1  # the failed observation (and the decision if still queued)
+
+
+def test_candidates_that_cannot_serve_the_namespace_are_left_out(client):
+    other = {"model": "other-model", "block_size_tokens": BLOCK}
+    resharded = {"model": "m", "block_size_tokens": BLOCK, "kv_layout": "bf16-tp2"}
+    candidates = [
+        {"worker_id": 0, "snapshot": {"namespace": other}},
+        {"worker_id": 1, "snapshot": {"namespace": resharded}},  # same model, other layout: can serve
+        {"worker_id": 2, "snapshot": {}},  # says nothing: assumed compatible
+    ]
+    response = client.post("/v1/score", json=make_body(candidates=candidates))
+    assert response.status_code == 200, response.text
+    assert [c["worker_id"] for c in response.json()["candidates"]] == [1, 2]
+    only_other = make_body(candidates=candidates[:1])
+    response = client.post("/v1/route", json=only_other, headers=AUTH)
+    assert response.status_code == 422
+    assert "no candidate serves namespace model='m'" in response.text and "candidates" in response.text
