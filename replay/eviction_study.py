@@ -59,7 +59,13 @@ import numpy as np  # noqa: E402
 
 from kvcost.data.traces import Trace, load_trace  # noqa: E402
 from kvcost.models.hardware import StepTimeModel  # noqa: E402
-from kvcost.models.reuse import ReuseClassifier, characteristic_time_s, reuse_training_frame  # noqa: E402
+from kvcost.models.reuse import (  # noqa: E402
+    STUDY_FEATURES,
+    STUDY_PARAMS,
+    ReuseClassifier,
+    characteristic_time_s,
+    reuse_training_frame,
+)
 from kvcost.replay.config import ClusterConfig  # noqa: E402
 from kvcost.replay.metrics import summarise  # noqa: E402
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult  # noqa: E402
@@ -153,7 +159,9 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
     frame = reuse_training_frame(events, horizon_s, size_bytes, seed=s.seed, end_s=cut_s)
     # one label class (e.g. nothing evicted in the training part at a large cache): no classifier, the prior
     fit = s.reuse_model == "lightgbm" and frame["label"].nunique() == 2
-    model = ReuseClassifier(horizon_s).fit(frame) if fit else ReuseClassifier(horizon_s)
+    model = ReuseClassifier(horizon_s, STUDY_FEATURES, **STUDY_PARAMS)
+    if fit:
+        model.fit(frame)
     if model.booster is not None:
         model.save(model_dir)
     else:
