@@ -119,7 +119,9 @@ class ReuseClassifier:
         self.features = tuple(features) if features is not None else EVICTION_FEATURE_NAMES
         unknown = [f for f in self.features if f not in EVICTION_FEATURE_NAMES]
         if unknown or not self.features:
-            raise ValueError(f"features {unknown or '()'} invalid, expected a non-empty subset of EVICTION_FEATURE_NAMES")
+            raise ValueError(
+                f"features {unknown or '()'} invalid, expected a non-empty subset of EVICTION_FEATURE_NAMES"
+            )
         self.params = {**DEFAULT_PARAMS, **params}
         stray = [f for f in self.params.get("monotone", {}) if f not in self.features]
         if stray and features is not None:
