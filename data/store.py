@@ -107,6 +107,7 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         Column("event", "VARCHAR", "stored (computed and cached), hit (reused), idle (refcount 0), evicted"),
         Column("depth_blocks", "BIGINT", "0-based position of the block in its prefix"),
         Column("request_blocks", "BIGINT", "full prompt blocks of the request involved (0 for evicted)"),
+        Column("reused_blocks", "BIGINT", "leading blocks that request found cached at admission (0 for evicted)"),
     ),
 }
 

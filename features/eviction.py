@@ -20,13 +20,15 @@ def eviction_feature_matrix(
     size_bytes: np.ndarray,
     category: np.ndarray,
     request_blocks: np.ndarray,
+    request_reused_blocks: np.ndarray | int = 0,
 ) -> np.ndarray:
     """float64 ``(n, len(EVICTION_FEATURE_SPEC))`` from per-block columns of shape ``(n,)``.
 
     ``tail_distance_blocks`` = max(0, request_blocks − 1 − depth_blocks);
     ``mean_reuse_gap_s`` = (age_s − idle_s) / hits (time between storing and the
-    last access, per hit), −1 for blocks never hit. ``idle_s`` and ``age_s`` are
-    clipped at 0.
+    last access, per hit), −1 for blocks never hit; ``request_reused_share`` =
+    request_reused_blocks / max(request_blocks, 1), clipped to [0, 1]. ``idle_s``
+    and ``age_s`` are clipped at 0.
     """
     depth = np.asarray(depth_blocks, dtype=np.float64)
     hits = np.asarray(hits, dtype=np.float64)
@@ -34,7 +36,10 @@ def eviction_feature_matrix(
     age = np.maximum(idle, np.asarray(age_s, dtype=np.float64))
     request = np.asarray(request_blocks, dtype=np.float64)
     gap = np.where(hits > 0, (age - idle) / np.maximum(hits, 1.0), -1.0)
-    columns = (depth, hits, idle, age, size_bytes, category, request, np.maximum(0.0, request - 1 - depth), gap)
+    reused = np.broadcast_to(np.asarray(request_reused_blocks, dtype=np.float64), depth.shape)
+    share = np.clip(reused / np.maximum(request, 1.0), 0.0, 1.0)
+    tail = np.maximum(0.0, request - 1 - depth)
+    columns = (depth, hits, idle, age, size_bytes, category, request, tail, gap, reused, share)
     out = np.column_stack([np.broadcast_to(np.asarray(c, dtype=np.float64), depth.shape) for c in columns])
     return out.reshape(len(depth), len(EVICTION_FEATURE_NAMES))
 
@@ -49,4 +54,5 @@ def eviction_features(nodes, now_s: float) -> np.ndarray:
         nodes.size_bytes,
         nodes.category,
         nodes.request_blocks,
+        nodes.request_reused_blocks,
     )

@@ -103,6 +103,8 @@ EVICTION_FEATURE_SPEC: tuple[Feature, ...] = (
     Feature("request_blocks", "BIGINT", "blocks", "request: full prompt blocks of the last request holding it"),
     Feature("tail_distance_blocks", "BIGINT", "blocks", "request_blocks - 1 - depth_blocks, ≥ 0 (0 = its tail)"),
     Feature("mean_reuse_gap_s", "DOUBLE", "s", "block: (last access - stored) / hits, −1 if never hit"),
+    Feature("request_reused_blocks", "BIGINT", "blocks", "request: leading blocks found cached at its admission"),
+    Feature("request_reused_share", "DOUBLE", "ratio", "request_reused_blocks / request_blocks, in [0, 1]"),
 )
 
 EVICTION_FEATURE_NAMES: tuple[str, ...] = tuple(f.name for f in EVICTION_FEATURE_SPEC)

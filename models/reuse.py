@@ -38,7 +38,8 @@ from kvcost.features.spec import EVICTION_FEATURE_NAMES, EVICTION_FEATURE_SPEC, 
 
 #: Training parameters (LightGBM names); deterministic, single-threaded prediction. Regularised
 #: (15 leaves, ≥ 200 rows per leaf, L2 1.0) and P(reuse) constrained non-increasing in ``idle_s``
-#: (``monotone_constraints``): with 31 leaves and 50 rows per leaf the first fit on a validation
+#: (``monotone``, a name → sign map turned into LightGBM's ``monotone_constraints`` over the model's
+#: features): with 31 leaves and 50 rows per leaf the first fit on a validation
 #: replay (the first 30 % of the conversation trace only) swung from 0.03 to 0.79 to 0.03 between
 #: 0, 5 and 60 s idle, and that noise, multiplied by a 10× spread of seconds saved over depth, ranked
 #: worse than LRU. The assumption behind the constraint: the longer a block has been idle, the less
@@ -50,12 +51,30 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "num_leaves": 15,
     "min_data_in_leaf": 200,
     "lambda_l2": 1.0,
-    "monotone_constraints": [-1 if name == "idle_s" else 0 for name in EVICTION_FEATURE_NAMES],
+    "monotone": {"idle_s": -1},
     "num_threads": 1,  # fits run in parallel processes (kvcost eviction-study --jobs); 2 threads each thrash 2 cores
     "deterministic": True,
     "force_row_wise": True,
     "seed": 0,
     "verbosity": -1,
+}
+
+#: Features of the eviction study's classifier (``cost_aware``'s P(reuse)): the block's own
+#: history (hits, idle time) and the chain-level facts of the request that last held it (how much of
+#: it was found cached: a continuing conversation). Depth, prompt length, tail distance, age and the
+#: mean reuse gap are left out: on a validation replay inside the training period (first 30 % of the
+#: conversation trace, split 50/50 inside it, 10 % cache) the classifier used them to give deep blocks
+#: of continuing conversations P ≈ 0.01 from a few dozen samples, cancelling the seconds saved at
+#: depth (prefill seconds saved: lru 215.7, all features 226.6, these features 304.6). Depth enters
+#: the value only through the prefill seconds saved.
+STUDY_FEATURES: tuple[str, ...] = ("hits", "idle_s", "request_reused_blocks", "request_reused_share")
+#: Training parameters of the study's classifier (overrides of :data:`DEFAULT_PARAMS`): P(reuse)
+#: non-increasing in idle time, non-decreasing in hits and in the reused prefix of the last request
+#: (later turns of a conversation are likelier to continue: on the training part of the conversation
+#: trace, P(another turn) = 0.29, 0.42, 0.54, 0.63 after turns 1, 2, 3, 4), ≥ 1000 rows per leaf.
+STUDY_PARAMS: dict[str, Any] = {
+    "monotone": {"idle_s": -1, "hits": 1, "request_reused_blocks": 1, "request_reused_share": 1},
+    "min_data_in_leaf": 1000,
 }
 #: Longest idle age sampled for training, seconds (1 h).
 MAX_SAMPLE_AGE_S = 3600.0
@@ -82,16 +101,32 @@ class ReuseClassifier:
 
     Args:
         horizon_s: H, seconds (> 0, finite).
-        **params: overrides of :data:`DEFAULT_PARAMS` (LightGBM names plus ``num_boost_round``).
+        features: the columns of :data:`EVICTION_FEATURE_NAMES` the trees may use (default: all);
+            rows passed to :meth:`predict_features` still have every column.
+        **params: overrides of :data:`DEFAULT_PARAMS` (LightGBM names plus ``num_boost_round`` and
+            ``monotone``, a feature name → −1 / +1 map of monotone constraints).
+
+    Raises:
+        ValueError: ``horizon_s`` not > 0, an unknown feature, or a ``monotone`` name not in ``features``.
 
     Construction is pure; :meth:`fit` or :meth:`load` makes it usable.
     """
 
-    def __init__(self, horizon_s: float, **params: Any) -> None:
+    def __init__(self, horizon_s: float, features: tuple[str, ...] | None = None, **params: Any) -> None:
         if not (horizon_s > 0 and math.isfinite(horizon_s)):
             raise ValueError(f"horizon_s = {horizon_s!r}, expected a finite number of seconds > 0")
         self.horizon_s = float(horizon_s)
+        self.features = tuple(features) if features is not None else EVICTION_FEATURE_NAMES
+        unknown = [f for f in self.features if f not in EVICTION_FEATURE_NAMES]
+        if unknown or not self.features:
+            raise ValueError(
+                f"features {unknown or '()'} invalid, expected a non-empty subset of EVICTION_FEATURE_NAMES"
+            )
         self.params = {**DEFAULT_PARAMS, **params}
+        stray = [f for f in self.params.get("monotone", {}) if f not in self.features]
+        if stray and features is not None:
+            raise ValueError(f"monotone names {stray} that are not among features {list(self.features)}")
+        self._columns = [EVICTION_FEATURE_NAMES.index(f) for f in self.features]
         self.booster = None
         self.metadata: dict[str, Any] = {}
 
@@ -113,8 +148,10 @@ class ReuseClassifier:
             )
         params = dict(self.params)
         rounds = int(params.pop("num_boost_round"))
-        x = frame[list(EVICTION_FEATURE_NAMES)].to_numpy(dtype=np.float64)
-        data = lightgbm.Dataset(x, label=labels, feature_name=list(EVICTION_FEATURE_NAMES), params=params)
+        monotone = params.pop("monotone", {})
+        params["monotone_constraints"] = [int(monotone.get(f, 0)) for f in self.features]
+        x = frame[list(self.features)].to_numpy(dtype=np.float64)
+        data = lightgbm.Dataset(x, label=labels, feature_name=list(self.features), params=params)
         self.booster = lightgbm.train(params, data, num_boost_round=rounds)
         self.metadata = {"rows": int(len(frame)), "positive_share": float(labels.mean())}
         return self
@@ -129,7 +166,8 @@ class ReuseClassifier:
             raise RuntimeError("ReuseClassifier is not fitted; call fit() or load() first")
         if len(x) == 0:
             return np.zeros(0)
-        return np.asarray(self.booster.predict(np.ascontiguousarray(x), num_threads=1), dtype=np.float64)
+        x = np.ascontiguousarray(np.asarray(x, dtype=np.float64)[:, self._columns])
+        return np.asarray(self.booster.predict(x, num_threads=1), dtype=np.float64)
 
     def predict_proba(self, nodes, now_s: float) -> np.ndarray:
         """P(reuse within H) of the idle blocks of a ``NodeTable`` at ``now_s``, float64 ``(n,)``."""
@@ -145,6 +183,7 @@ class ReuseClassifier:
         manifest = {
             "eviction_spec_hash": eviction_spec_hash(),
             "horizon_s": self.horizon_s,
+            "features": list(self.features),
             "params": self.params,
             "metadata": self.metadata,
         }
@@ -168,7 +207,7 @@ class ReuseClassifier:
         manifest = json.loads(manifest_path.read_text())
         if manifest.get("eviction_spec_hash") != eviction_spec_hash():
             raise EvictionSpecMismatch(path, manifest.get("eviction_spec_hash"), eviction_spec_hash())
-        model = cls(manifest["horizon_s"], **manifest.get("params", {}))
+        model = cls(manifest["horizon_s"], manifest.get("features"), **manifest.get("params", {}))
         model.booster = lightgbm.Booster(model_file=str(path / "model.txt"))
         model.metadata = manifest.get("metadata", {})
         return model
@@ -181,6 +220,8 @@ def _ordered(events: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise ValueError(f"events lack columns {missing}, expected {required}")
     frame = events.reset_index(drop=True)
+    if "reused_blocks" not in frame.columns:  # a log written before the column existed
+        frame["reused_blocks"] = 0
     frame["_row"] = np.arange(len(frame))
     return frame.sort_values(["worker_id", "block_hash", "_row"], kind="stable", ignore_index=True)
 
@@ -189,8 +230,8 @@ def idle_periods(events: pd.DataFrame) -> pd.DataFrame:
     """One row per ``idle`` event with the block's state then and what happened next.
 
     Returns:
-        Columns ``worker_id, block_hash, idle_t_s, depth_blocks, request_blocks, hits, created_s,
-        next_demand_s`` (inf if never demanded again in the log) and ``evicted_s`` (time of
+        Columns ``worker_id, block_hash, idle_t_s, depth_blocks, request_blocks, reused_blocks, hits,
+        created_s, next_demand_s`` (inf if never demanded again in the log) and ``evicted_s`` (time of
         the eviction that ended the idle period, inf if none).
 
     Raises:
@@ -215,6 +256,7 @@ def idle_periods(events: pd.DataFrame) -> pd.DataFrame:
             "idle_t_s": f["t_s"][idle],
             "depth_blocks": f["depth_blocks"][idle],
             "request_blocks": f["request_blocks"][idle],
+            "reused_blocks": f["reused_blocks"][idle].fillna(0).astype(np.int64),
             "hits": hits[idle],
             "created_s": created[idle],
             "next_demand_s": next_demand[idle].fillna(np.inf),
@@ -290,6 +332,7 @@ def reuse_training_frame(
         np.float64(size_bytes),
         np.float64(0),
         p["request_blocks"].to_numpy(),
+        p["reused_blocks"].to_numpy(),
     )
     frame = pd.DataFrame(x[keep], columns=list(EVICTION_FEATURE_NAMES))
     frame["label"] = label[keep].astype(np.int64)

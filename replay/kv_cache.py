@@ -34,10 +34,18 @@ from dataclasses import dataclass, field
 
 from kvcost.serving.eviction.index import EvictionIndex
 
-#: Columns of one access-history row: time (s), block hash, event, depth (0-based, blocks), and the
-#: full prompt blocks of the request involved. Events: ``stored`` (computed and cached: a miss),
+#: Columns of one access-history row: time (s), block hash, event, depth (0-based, blocks), the
+#: full prompt blocks of the request involved, and how many of its leading blocks that request found
+#: cached at admission (0 for ``evicted``). Events: ``stored`` (computed and cached: a miss),
 #: ``hit`` (reused at admission), ``idle`` (reference count reached 0), ``evicted``.
-BLOCK_EVENT_COLUMNS: tuple[str, ...] = ("t_s", "block_hash", "event", "depth_blocks", "request_blocks")
+BLOCK_EVENT_COLUMNS: tuple[str, ...] = (
+    "t_s",
+    "block_hash",
+    "event",
+    "depth_blocks",
+    "request_blocks",
+    "reused_blocks",
+)
 
 
 @dataclass(slots=True)
@@ -168,7 +176,7 @@ class BlockPool:
             return None, []
         for block_hash in reused_hashes:
             self._ref(block_hash, now_s, hit=True)
-        self._record_chain(now_s, reused_hashes, "hit", len(full_block_hashes))
+        self._record_chain(now_s, reused_hashes, "hit", len(full_block_hashes), reused)
         evicted = self._evict(needed - self.free_blocks, now_s)
         self._private_blocks += needed
         return Allocation(list(reused_hashes), needed, reused), evicted
@@ -197,7 +205,7 @@ class BlockPool:
                 parent = full_block_hashes[depth - 1] if depth else None
                 if self._index is not None:
                     self._index.on_stored(block_hash, parent, depth, now_s)
-                self._record(now_s, block_hash, "stored", depth, len(full_block_hashes))
+                self._record(now_s, block_hash, "stored", depth, len(full_block_hashes), start)
             allocation.cached_hashes.append(block_hash)
             allocation.private_blocks -= 1
             self._private_blocks -= 1
@@ -214,12 +222,12 @@ class BlockPool:
             if count == 0:
                 self._idle[block_hash] = None
                 idle.append(block_hash)
-        request_blocks = len(allocation.cached_hashes)
+        request_blocks, reused = len(allocation.cached_hashes), allocation.reused_blocks
         if self._index is not None:
-            self._index.on_idle(idle, request_blocks, now_s)
+            self._index.on_idle(idle, request_blocks, now_s, reused)
         if self.block_events is not None:
             for block_hash in idle:
-                self._record(now_s, block_hash, "idle", self._depth[block_hash], request_blocks)
+                self._record(now_s, block_hash, "idle", self._depth[block_hash], request_blocks, reused)
         allocation.cached_hashes = []
 
     def _ref(self, block_hash: int, now_s: float, hit: bool) -> None:
@@ -241,17 +249,21 @@ class BlockPool:
             del self._refcount[block_hash]
             evicted.append(block_hash)
             if self.block_events is not None:
-                self._record(now_s, block_hash, "evicted", self._depth.pop(block_hash), 0)
+                self._record(now_s, block_hash, "evicted", self._depth.pop(block_hash), 0, 0)
         return evicted
 
     # -- access history --------------------------------------------------------------
-    def _record(self, now_s: float, block_hash: int, event: str, depth: int, request_blocks: int) -> None:
+    def _record(
+        self, now_s: float, block_hash: int, event: str, depth: int, request_blocks: int, reused_blocks: int
+    ) -> None:
         if self.block_events is not None:
-            self.block_events.append((now_s, block_hash, event, depth, request_blocks))
+            self.block_events.append((now_s, block_hash, event, depth, request_blocks, reused_blocks))
             if event == "stored":
                 self._depth[block_hash] = depth
 
-    def _record_chain(self, now_s: float, hashes: Sequence[int], event: str, request_blocks: int) -> None:
+    def _record_chain(
+        self, now_s: float, hashes: Sequence[int], event: str, request_blocks: int, reused_blocks: int
+    ) -> None:
         if self.block_events is not None:
             for depth, block_hash in enumerate(hashes):
-                self._record(now_s, block_hash, event, depth, request_blocks)
+                self._record(now_s, block_hash, event, depth, request_blocks, reused_blocks)

@@ -58,6 +58,10 @@ class NodeTable:
         request_blocks: int64, full prompt blocks of the last request that held the block, ≥ 1.
         parent: int64, row index of the node's parent in this table, −1 when the parent is not
             in the table (a root, or a parent that is in use).
+        request_reused_blocks: int64, leading blocks of the last request that held the block found
+            cached at its admission, in [0, ``request_blocks``] (default 0). A chain-level fact: a
+            conversation's later turns reuse the earlier turns' blocks, so it separates first turns
+            (≈ 1 shared block reused) from continuing conversations.
     """
 
     depth_blocks: np.ndarray
@@ -71,11 +75,14 @@ class NodeTable:
     category: np.ndarray
     request_blocks: np.ndarray
     parent: np.ndarray = field(default=None)  # type: ignore[assignment]
+    request_reused_blocks: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         n = len(self.depth_blocks)
         if self.parent is None:
             object.__setattr__(self, "parent", np.full(n, -1, dtype=np.int64))
+        if self.request_reused_blocks is None:
+            object.__setattr__(self, "request_reused_blocks", np.zeros(n, dtype=np.int64))
         for f in fields(self):
             value = np.asarray(getattr(self, f.name))
             if value.shape != (n,):

@@ -31,8 +31,12 @@ class CostAwarePolicy(EvictionPolicy):
 
     P(reuse) comes from ``context.reuse_model`` (a
     :class:`~kvcost.models.reuse.ReuseClassifier`: LightGBM on the block's
-    history, :data:`~kvcost.features.spec.EVICTION_FEATURE_SPEC`) or, without
-    one, :func:`~kvcost.serving.eviction.base.recency_prior`.
+    history, :data:`~kvcost.features.spec.EVICTION_FEATURE_SPEC`; the eviction
+    study's uses :data:`~kvcost.models.reuse.STUDY_FEATURES`: hits, idle time
+    and the chain-level reused prefix of the last request, monotone constraints)
+    or, without one, :func:`~kvcost.serving.eviction.base.recency_prior`.
+    Formula: DESIGN.md §5 and issue 6 (value per byte, as in size-aware caching,
+    e.g. GreedyDual-Size, Cao and Irani, USITS 1997, without its ageing term).
     ``prefill_saved_s`` comes from the router's own prefill predictor (see
     :mod:`kvcost.serving.eviction.prefill`). P(reuse) decays with idle time,
     so the index re-ranks every ``rerank_interval_s`` (``time_varying``).

@@ -61,6 +61,7 @@ class EvictionIndex:
         self.last_access_s = np.zeros(n)
         self.created_s = np.zeros(n)
         self.request_blocks = np.ones(n, dtype=np.int64)
+        self.request_reused = np.zeros(n, dtype=np.int64)
         self.parent = np.full(n, -1, dtype=np.int64)
         self.children = np.zeros(n, dtype=np.int64)
         self.idle = np.zeros(n, dtype=bool)
@@ -81,6 +82,7 @@ class EvictionIndex:
         self._hash_of[slot] = block_hash
         parent = self._slot.get(parent_hash, -1) if parent_hash is not None else -1
         self.depth[slot], self.hits[slot], self.request_blocks[slot] = depth_blocks, 0, depth_blocks + 1
+        self.request_reused[slot] = 0
         self.last_access_s[slot] = self.created_s[slot] = now_s
         self.parent[slot], self.children[slot], self.idle[slot] = parent, 0, False
         self._invalidate(slot)
@@ -103,14 +105,21 @@ class EvictionIndex:
         self.hits[slot] += int(count_hit)
         self.last_access_s[slot] = now_s
 
-    def on_idle(self, block_hashes: Sequence[Hashable], request_blocks: int, now_s: float) -> None:
-        """Blocks released by one request reached reference count 0: score them in one batch."""
+    def on_idle(
+        self, block_hashes: Sequence[Hashable], request_blocks: int, now_s: float, reused_blocks: int = 0
+    ) -> None:
+        """Blocks released by one request reached reference count 0: score them in one batch.
+
+        ``request_blocks``: the request's full prompt blocks; ``reused_blocks``: how many leading
+        ones it found cached at admission (``NodeTable.request_reused_blocks``).
+        """
         if not block_hashes:
             return
         slots = np.fromiter((self._slot[h] for h in block_hashes), dtype=np.int64, count=len(block_hashes))
         self.idle[slots] = True
         self.last_access_s[slots] = now_s
         self.request_blocks[slots] = request_blocks
+        self.request_reused[slots] = reused_blocks
         self.value[slots] = self.policy.score_new(self.table(slots), now_s)
         for slot in slots.tolist():
             if self._is_candidate(slot):
@@ -174,6 +183,7 @@ class EvictionIndex:
             category=np.zeros(n, dtype=np.int64),
             request_blocks=self.request_blocks[slots],
             parent=parent if parent is not None else np.full(n, -1, dtype=np.int64),
+            request_reused_blocks=self.request_reused[slots],
         )
 
     def eviction_order(self, now_s: float | None = None) -> list[Hashable]:

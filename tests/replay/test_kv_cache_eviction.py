@@ -105,15 +105,15 @@ def test_history_records_stored_hit_idle_evicted():
     serve(p, [1], 2.0, 3.0)
     serve(p, [5, 6], 4.0, 5.0)
     assert p.block_events == [
-        (0.0, 1, "stored", 0, 2),
-        (0.0, 2, "stored", 1, 2),
-        (1.0, 2, "idle", 1, 2),
-        (1.0, 1, "idle", 0, 2),
-        (2.0, 1, "hit", 0, 1),
-        (3.0, 1, "idle", 0, 1),
-        (4.0, 2, "evicted", 1, 0),
-        (4.0, 5, "stored", 0, 2),
-        (4.0, 6, "stored", 1, 2),
-        (5.0, 6, "idle", 1, 2),
-        (5.0, 5, "idle", 0, 2),
+        (0.0, 1, "stored", 0, 2, 0),
+        (0.0, 2, "stored", 1, 2, 0),
+        (1.0, 2, "idle", 1, 2, 0),
+        (1.0, 1, "idle", 0, 2, 0),
+        (2.0, 1, "hit", 0, 1, 1),  # the request of one block found it cached
+        (3.0, 1, "idle", 0, 1, 1),
+        (4.0, 2, "evicted", 1, 0, 0),
+        (4.0, 5, "stored", 0, 2, 0),
+        (4.0, 6, "stored", 1, 2, 0),
+        (5.0, 6, "idle", 1, 2, 0),
+        (5.0, 5, "idle", 0, 2, 0),
     ]
