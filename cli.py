@@ -11,6 +11,7 @@ the log's ``arrival_s``) is *replay* time, i.e. trace time ÷ ``--rate-scale``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -81,8 +82,27 @@ def _guard(body: Callable[[], object]) -> object:
         return body()
     except (ValueError, KeyError, FileNotFoundError, TraceFormatError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        err_console.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+        err_console.print(f"[red]error:[/red] {_option_names(message)}", highlight=False, markup=True)
         raise typer.Exit(code=2) from None
+
+
+def _option_names(message: str) -> str:
+    """``rate_scale = -1.0, …`` → ``--rate-scale = -1.0, …`` when the field is one of the CLI's options."""
+    field_name = message.split(" ", 1)[0].rstrip(":")
+    if field_name not in _cli_parameters():
+        return message
+    return "--" + field_name.replace("_", "-") + message[len(field_name) :]
+
+
+def _cli_parameters() -> set[str]:
+    """Parameter names of every command of :data:`app` (and its sub-apps)."""
+    typers, names = [app], set()
+    while typers:
+        current = typers.pop()
+        for command in current.registered_commands:
+            names |= set(inspect.signature(command.callback).parameters)
+        typers += [group.typer_instance for group in current.registered_groups]
+    return names
 
 
 def _run(spec: RunSpec, arms: list[Configuration], learned: LearnedSetup | None = None) -> None:
@@ -106,6 +126,11 @@ def _print_summary(summary: dict, out: Path) -> None:
         console.print(
             f"cache gain P50 {a['cache_gain_p50_s']:+.3f} s, P99 {a['cache_gain_p99_s']:+.3f} s; "
             f"routing gain P50 {a['routing_gain_p50_s']:+.3f} s, P99 {a['routing_gain_p99_s']:+.3f} s"
+            + (
+                f"; tier gain P50 {a['tier_gain_p50_s']:+.3f} s, P99 {a['tier_gain_p99_s']:+.3f} s"
+                if "tier_gain_p99_s" in a
+                else ""
+            )
         )
     if "prediction" in summary:
         p = summary["prediction"]
@@ -147,7 +172,7 @@ def experiment(
     retrain_every_s: Annotated[float, typer.Option(help="Online retraining period, replay seconds.")] = 300.0,
     mlflow_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI of the champion.")] = None,
 ) -> None:
-    """Replay one trace under balanced_nocache, balanced_cache and cost_aware; attribute the gains."""
+    """Replay one trace under balanced_nocache, balanced_cache, cost_aware, cost_aware_tiered; attribute the gains."""
     options = {k: v for k, v in locals().items() if k not in ("learned", "online", "retrain_every_s", "mlflow_uri")}
     spec = _guard(lambda: _prepare(options))
     setup = None

@@ -275,9 +275,26 @@ def _message(loc: list, msg: str) -> str:
     return f"{path}: {msg}" if path else msg
 
 
+#: Longest input value echoed back in a 422 (a 1M-token body must not come back whole).
+_MAX_ECHO_CHARS = 80
+
+
+def _error_entry(error: dict) -> dict:
+    """One pydantic error as ``{loc, msg, type}``; a short scalar input is named in ``msg`` (never echoed whole)."""
+    entry = {"loc": list(error.get("loc", ())), "msg": error.get("msg", ""), "type": error.get("type", "")}
+    if entry["type"] == "json_invalid":
+        position = entry["loc"][-1] if entry["loc"] else "?"
+        entry["msg"] = f"body is not valid JSON (at character {position}: {error.get('ctx', {}).get('error', '')})"
+        entry["loc"] = ["body"]
+        return entry
+    value = error.get("input")
+    if isinstance(value, str | int | float | bool) and len(repr(value)) <= _MAX_ECHO_CHARS:
+        entry["msg"] = f"{entry['msg']}, got {value!r}"
+    return entry
+
+
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    # the input is not echoed back: a 1M-token body would come back whole
-    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
+    errors = [_error_entry(e) for e in exc.errors()]
     message = _message(errors[0]["loc"], errors[0]["msg"]) if errors else "invalid request"
     return JSONResponse({"detail": errors, "message": message}, status_code=422)
 

@@ -68,11 +68,12 @@ def test_replay_runs_one_configuration(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["experiment", "--rate-scale", "0"], "rate_scale = 0.0"),
+        (["experiment", "--rate-scale", "0"], "error: --rate-scale = 0.0, expected a finite number > 0"),
+        (["experiment", "--duration-s", "0"], "error: --duration-s = 0.0"),
         (["experiment", "--fleet", "a100:2,tpu:1"], "fleet GPU 'tpu'"),
         (["experiment", "--slowdown", "x"], "slowdown 'x'"),
         (["experiment", "--trace", "nope.parquet"], "nope.parquet"),
-        (["replay", "--policy", "magic"], "policy = 'magic'"),
+        (["replay", "--policy", "magic"], "--policy = 'magic'"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, args, message):

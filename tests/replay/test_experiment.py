@@ -4,7 +4,7 @@ import numpy as np
 
 from kvcost.data.traces import load_trace
 from kvcost.replay.config import ClusterConfig
-from kvcost.replay.experiment import CONFIGURATIONS, configure, replay
+from kvcost.replay.experiment import CONFIGURATIONS, configure, replay, run_experiment
 
 
 def test_tiered_replay_composes_ttft_on_the_critical_path_and_uses_every_source():
@@ -23,3 +23,14 @@ def test_tiered_replay_composes_ttft_on_the_critical_path_and_uses_every_source(
     assert (r["served_by"] == "tier_load").any()
     # predicted transfer is non-zero exactly where a fetch was planned and carried out or found gone
     assert (fetched["pred_transfer_s"] > 0).all()
+
+
+def test_no_completed_request_gives_a_diagnosis_line_not_a_crash():
+    trace = load_trace("mooncake-conversation", rate_scale=0.55, duration_s=60.0)
+    summary, results = run_experiment(trace, ClusterConfig(kv_capacity_blocks=1))
+    assert all(r.requests.empty for r in results.values())
+    assert summary["configs"]["cost_aware"]["rejected"] == len(trace)
+    assert summary["diagnosis"] == [
+        "No diagnosis: no measured request completed (each was larger than a worker's KV capacity, "
+        "or none arrived after the warm-up)."
+    ]
