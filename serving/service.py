@@ -634,11 +634,13 @@ class ScoringService:
         self.step_models = dict(self._step_models_option or default_step_models(self.settings.model))
         if self.settings.gpu_default not in self.step_models:
             raise ValueError(f"gpu_default = {self.settings.gpu_default!r} has no step-time profile")
-        self.router = Router(self.directory, self.step_models, RouterSettings(policy=self.settings.policy))
+        # analytic until the champion loads; the service reports any fallback itself (log, metric, /readyz)
+        analytic = TermModelSet.analytic()
+        self.router = Router(self.directory, self.step_models, RouterSettings(policy=self.settings.policy), analytic)
         # Scores come from a second router over the same directory and cost model with the
         # stateless cost_aware policy: /v1/score never touches the routing router's skew
         # window or policy state, and shares every line of its scoring code.
-        self._scorer = Router(self.directory, self.step_models, RouterSettings(policy="cost_aware"))
+        self._scorer = Router(self.directory, self.step_models, RouterSettings(policy="cost_aware"), analytic)
         now_s = self.clock()
         self.run_id = self.settings.run_id or (
             f"serve-{datetime.fromtimestamp(now_s, UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
@@ -741,7 +743,7 @@ class ScoringService:
                     why = f"reload failed ({reason}); still serving {current.label}"
                     self.model_status = replace(current, status="degraded", reason=why)
                 else:
-                    self._set_cost_model(None)
+                    self._set_cost_model(TermModelSet.analytic())
                     self.metrics.model_fallbacks.labels(kind).inc()
                     why = f"champion not loaded ({reason}); scoring with the analytic model"
                     self.model_status = ModelStatus("analytic", "analytic", None, "degraded", why, self.clock())
