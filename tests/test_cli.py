@@ -103,9 +103,9 @@ def test_cluster_options_reach_the_simulation(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--warmup-s", "99999", "--duration-s", "30"], "warmup_s = 99999, expected less than the last arrival"),
+        (["--warmup-s", "99999", "--duration-s", "30"], "error: --warmup-s = 99999, expected less than the last arrival"),
         (["--model", "gpt-4"], "unknown model 'gpt-4'"),
-        (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization = 1.5"),
+        (["--gpu-memory-utilization", "1.5"], "error: --gpu-memory-utilization = 1.5"),
     ],
 )
 def test_bad_cluster_options(tmp_path, extra, message):
