@@ -103,7 +103,10 @@ def test_cluster_options_reach_the_simulation(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--warmup-s", "99999", "--duration-s", "30"], "error: --warmup-s = 99999, expected less than the last arrival"),
+        (
+            ["--warmup-s", "99999", "--duration-s", "30"],
+            "error: --warmup-s = 99999, expected less than the last arrival",
+        ),
         (["--model", "gpt-4"], "unknown model 'gpt-4'"),
         (["--gpu-memory-utilization", "1.5"], "error: --gpu-memory-utilization = 1.5"),
     ],

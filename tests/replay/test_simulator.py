@@ -8,9 +8,13 @@ import pytest
 
 from kvcost.data.traces import Trace, TraceRequest
 from kvcost.models.hardware import GpuSpec, StepTimeModel
+from kvcost.models.links import LinkSpec
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
+from kvcost.replay.tiers import TierConfig
+from kvcost.replay.worker import SimRequest
 from kvcost.serving.router import RouterSettings
+from kvcost.serving.types import ReusePlan
 from tests.helpers import MS_PER_TOKEN_PROFILE, UNIT_MODEL
 
 BLOCK = 16
@@ -243,3 +247,22 @@ def test_utilisation_is_a_fraction_with_warmup():
     result = run(trace, warmup_s=5.0)
     assert len(result.requests) == 1
     assert 0.0 <= result.utilisation[0] <= 1.0
+
+
+# -- transfers ------------------------------------------------------------------------------------
+def test_a_fetch_moves_what_the_source_really_holds_and_a_stale_promise_moves_nothing():
+    tiers = TierConfig(network=LinkSpec(1e9, 0.001))
+    sim = ClusterSimulator(ClusterConfig(fleet=("a100", "a100"), jitter_sigma=0.0, tiers=tiers), BLOCK)
+    source, target = sim.workers
+    chain = (11, 12, 13)
+    plan = ReusePlan("fetch", gpu_blocks=0, fetch_blocks=3, source_id=0)
+    stale = SimRequest(0, 5.0, 3 * BLOCK + 1, 1, chain, 3 * BLOCK)
+    assert not sim._fetch(target, stale, plan, now=5.0)  # the directory promised blocks the source lost
+    assert stale.fetch_hashes == () and stale.transfer_s == 0.0
+    source.tiers.put_cpu([11, 12])  # the source still holds the first two blocks (demoted to CPU)
+    request = SimRequest(1, 5.0, 3 * BLOCK + 1, 1, chain, 3 * BLOCK)
+    assert sim._fetch(target, request, plan, now=5.0)
+    assert request.fetch_hashes == (11, 12)  # only what is there moves; block 13 will be recomputed
+    block_bytes = target.tiers.block_bytes
+    assert request.transfer_s == pytest.approx(0.001 + 2 * block_bytes / 1e9)
+    assert request.served_by == "remote_transfer"
