@@ -34,6 +34,21 @@ feature and 276–311 with the study features; GDSF with that cost × (hits + 1)
 246–307; the hit rate −ln(1 − P) / H implied by a memoryless reuse time, 177–259.
 None beat gdsf clearly, so ``cost_aware`` keeps its value formula.
 
+Further validation replays (not adopted; prefill seconds saved summed over seeds 0, 1, 2, each seed
+trained on its own ``lru`` log; A = ``--duration-s 1062``, 10 % cache, 1478 blocks/worker, split
+30/70, H = 89 s; B = same window, 30 % cache, 4435 blocks/worker, about the full run's 4569 at 10 %,
+split 50/50, H = 446 s): lru A 1221.9 / B 1836.1, gdsf 1473.3 (+20.6 %) / 1946.9 (+6.0 %).
+(1) Decision-aligned training, the classifier fitted on the idle blocks present at the ``lru``
+training replay's actual eviction moments (sampled pairs, label: demanded within H): A 1410.7
+(+15.4 %), B 1821.3 (−0.8 %). (2) H = the median observed reuse gap (idle → next demand: 76 s in A,
+135 s in B) instead of the characteristic time: decision-aligned 1381.4 / 1931.1, random idle ages
+1446.7 / 1856.6, the prior 1380.2 / 1897.8. All of these also re-scored a parent at now when the
+eviction of its last child made it a candidate (the index otherwise pushes it with the value it got
+when it turned idle, at idle age 0, so chains are trimmed one block at a time across many
+conversations); that alone lifted the prior in B from 535 to 601–650 (seed 0) but cost A (494.6 →
+400–429). Training-log noise is ±5–8 % (decision-aligned in A: +23.5 % when seeds 1 and 2 reused
+seed 0's log). Nothing beat gdsf clearly on both, so no full-trace run was made for them.
+
 Evaluation window (whole trace, split at 30 %; ``kvcost eviction-study --trace
 mooncake-conversation --reuse-model lightgbm --jobs 2``, 149 s wall), prefill
 seconds saved / token hit ratio / TTFT P99:
