@@ -494,6 +494,13 @@ def serve(
         ),
     ] = None,
     scrape_interval_s: Annotated[float, typer.Option(help="Seconds between two scrapes of every engine.")] = 1.0,
+    tiers: Annotated[
+        bool,
+        typer.Option(
+            help="Engines offload KV to CPU / disk (e.g. LMCache): prefixes their KV events report there are "
+            "reusable, at their load time."
+        ),
+    ] = False,
 ) -> None:
     """Run the scoring API (POST /v1/score, /v1/route, /v1/observe …) on uvicorn until interrupted."""
     import uvicorn
@@ -521,6 +528,7 @@ def serve(
                 scrape=scrape or [],
                 scrape_interval_s=scrape_interval_s,
                 policy=policy,
+                tiers=tiers,
                 max_body_bytes=max_body_bytes,
             )
         except ValidationError as exc:

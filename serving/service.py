@@ -175,6 +175,11 @@ class ServiceSettings(BaseModel):
         512, ge=1, le=MAX_BLOCK_SIZE_TOKENS, description="block size of a namespace without one"
     )
     policy: str = Field("learned_cost_aware", description="router policy (ROUTER_POLICIES)")
+    tiers: bool = Field(
+        False,
+        description="count prefixes the engines hold in CPU / disk tiers (KV events with medium CPU, ...) as "
+        "reusable, paying their load time in L (engines with an offloading connector such as LMCache)",
+    )
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="larger request bodies get 413")
     max_decisions: int = Field(100_000, ge=1, description="decisions kept in memory for /v1/observe (LRU)")
     max_workers: int = Field(65_536, ge=1, description="workers with a pushed snapshot")
@@ -636,11 +641,13 @@ class ScoringService:
             raise ValueError(f"gpu_default = {self.settings.gpu_default!r} has no step-time profile")
         # analytic until the champion loads; the service reports any fallback itself (log, metric, /readyz)
         analytic = TermModelSet.analytic()
-        self.router = Router(self.directory, self.step_models, RouterSettings(policy=self.settings.policy), analytic)
+        routing = RouterSettings(policy=self.settings.policy, tiers=self.settings.tiers)
+        self.router = Router(self.directory, self.step_models, routing, analytic)
         # Scores come from a second router over the same directory and cost model with the
         # stateless cost_aware policy: /v1/score never touches the routing router's skew
         # window or policy state, and shares every line of its scoring code.
-        self._scorer = Router(self.directory, self.step_models, RouterSettings(policy="cost_aware"), analytic)
+        scoring = RouterSettings(policy="cost_aware", tiers=self.settings.tiers)
+        self._scorer = Router(self.directory, self.step_models, scoring, analytic)
         now_s = self.clock()
         self.run_id = self.settings.run_id or (
             f"serve-{datetime.fromtimestamp(now_s, UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"

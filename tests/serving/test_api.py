@@ -16,6 +16,8 @@ from fastapi.testclient import TestClient
 from kvcost.calibration.conformal import SplitConformal
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 from kvcost.models.composition import TERMS
+from kvcost.models.hardware import MODELS
+from kvcost.models.links import CPU_TO_GPU
 from kvcost.models.predictors import make_term_predictor
 from kvcost.models.term_set import TermModelSet
 from kvcost.serving.api import create_app
@@ -483,3 +485,18 @@ def test_candidates_that_cannot_serve_the_namespace_are_left_out(client):
     response = client.post("/v1/route", json=only_other, headers=AUTH)
     assert response.status_code == 422
     assert "no candidate serves namespace model='m'" in response.text and "candidates" in response.text
+
+
+@pytest.mark.parametrize("tiers", [False, True])
+def test_tiers_price_cpu_resident_prefixes_at_their_load_time(tmp_path, tiers):
+    with TestClient(create_app(settings_for(tmp_path, tiers=tiers))) as c:
+        service = c.app.state.service
+        ns = Namespace("m", block_size_tokens=BLOCK)
+        hashes = list(block_hashes_for(list(range(100)), BLOCK, ns))
+        service.directory.apply_stored(ns, 1, hashes, None, "cpu", 0.0)  # offloaded by an LMCache-like connector
+        out = c.post("/v1/score", json=make_body()).json()["candidates"][1]
+    assert (out["reusable_tokens"], out["tier"]) == (96, "cpu")
+    lookup_s = 2e-4 + 1e-5 * 6  # 6 full blocks of 16 tokens
+    block_bytes = MODELS.get("llama-3-8b").kv_bytes_per_token * BLOCK
+    load_s = CPU_TO_GPU.duration_s(6 * block_bytes) if tiers else 0.0  # without tiers: priced as GPU-resident
+    assert out["terms"]["lookup_s"] == pytest.approx(lookup_s + load_s)
