@@ -363,8 +363,10 @@ class SimWorker:
         n_full = request.input_tokens // self.block_size_tokens
         chain = request.full_block_hashes[:n_full]
         total_blocks = -(-(request.input_tokens + request.output_tokens) // self.block_size_tokens)
-        gpu_blocks = self.pool.match_blocks(chain)
-        cpu_blocks, disk_blocks = self.tiers.match_below(chain, gpu_blocks) if self.tiers else (0, 0)
+        cpu_blocks = disk_blocks = gpu_blocks = 0
+        if self.tiers is not None:  # found before the allocation's own evictions are demoted
+            gpu_blocks = self.pool.match_blocks(chain)
+            cpu_blocks, disk_blocks = self.tiers.match_below(chain, gpu_blocks)
         allocation, evicted = self.pool.try_allocate(chain, total_blocks, now_s)
         if allocation is None:
             return False

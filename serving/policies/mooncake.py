@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcost.models.hardware import GIB_BYTES, StepTimeModel
+from kvcost.models.hardware import StepTimeModel
+from kvcost.models.links import NETWORK
 from kvcost.serving.policies.base import ROUTER_POLICIES, PolicyContext, argmin_stable
 from kvcost.serving.types import WorkerSnapshot
 
@@ -29,10 +30,10 @@ from kvcost.serving.types import WorkerSnapshot
 #: names ``kvcache_balancing_threshold`` but publishes no value; 1.0 (fetch whenever a
 #: longer prefix exists, and let the TTFT comparison weigh the transfer) is kvcost's assumption.
 DEFAULT_KVCACHE_BALANCING_THRESHOLD = 1.0
-#: Achieved inter-worker KV bandwidth, bytes/s (assumption: DESIGN.md §1's 12 GiB/s example).
-DEFAULT_TRANSFER_BYTES_PER_S = 12.0 * GIB_BYTES
-#: Fixed cost of one transfer (request, registration, preparation), seconds (assumption: 1 ms).
-DEFAULT_TRANSFER_SETUP_S = 1e-3
+#: Achieved inter-worker KV bandwidth, bytes/s: kvcost's network link (``models/links.py``, DESIGN.md §1).
+DEFAULT_TRANSFER_BYTES_PER_S = NETWORK.bandwidth_bytes_per_s
+#: Fixed cost of one transfer (request, registration, preparation), seconds: the same link's setup.
+DEFAULT_TRANSFER_SETUP_S = NETWORK.setup_s
 
 
 @dataclass(frozen=True, slots=True)
