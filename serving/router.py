@@ -190,7 +190,7 @@ class Router:
         """Candidates that can serve the request's namespace (all of them when none says otherwise).
 
         Raises:
-            ValueError: no candidate serves the request's model, revision, adapter, block size and salt.
+            ValueError: no candidate serves the request's model, revision, adapter and block size.
         """
         compatible = [s for s in snapshots if serves(s.namespace, request.namespace)]
         if not compatible:
