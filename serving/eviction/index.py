@@ -144,20 +144,23 @@ class EvictionIndex:
         return block_hash
 
     def rerank(self, now_s: float) -> None:
-        """Re-score every candidate (idle leaf, or idle block for ``lru``-like policies) in one call; rebuild the heap.
+        """Re-score every idle block in one call; rebuild the heap of the candidates (idle leaves,
+        or every idle block for ``lru``-like policies).
 
-        Idle inner blocks keep the value they got when they turned idle until they become leaves
-        and the next re-rank reaches them (a chain's inner blocks outnumber its leaf ~20:1 on the
-        conversation trace, so this keeps a re-rank cheap).
+        Idle inner blocks are re-scored too, so that a parent exposed by an eviction before the
+        next re-rank is pushed with a value as fresh as its evicted child's. Were it pushed with
+        the value it got when it turned idle (idle age 0, the highest P(reuse) it will have), a
+        chain would lose one block and then be protected until the next re-rank while the tails of
+        many other chains went instead — the deepest, most expensive block of each.
         """
         self._last_rerank_s = now_s
-        candidate = self.idle & (self.children == 0) if self.policy.leaves_only else self.idle
-        slots = np.flatnonzero(candidate)
-        if len(slots):
-            self.value[slots] = self.policy.terms(self.table(slots), now_s)["value"]
+        idle = np.flatnonzero(self.idle)
+        if len(idle):
+            self.value[idle] = self.policy.terms(self.table(idle), now_s)["value"]
         self._heap = []
-        for slot in slots.tolist():
-            self._push(slot, heapify=False)
+        for slot in idle.tolist():
+            if self._is_candidate(slot):
+                self._push(slot, heapify=False)
         heapq.heapify(self._heap)
 
     # -- views ---------------------------------------------------------------------

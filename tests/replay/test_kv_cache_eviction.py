@@ -69,6 +69,17 @@ def test_cost_aware_order_follows_p_reuse_times_seconds_saved():
     assert p._index.policy.terms(p._index.table(slots), 7.0)["value"].round(3).tolist() == [0.067, 0.246, 0.2]
 
 
+def test_a_parent_exposed_between_reranks_carries_its_reranked_value():
+    # prior p = exp(−idle / 10 s); the first eviction at 30 s re-ranks: A's leaf 3 (idle 29 s)
+    # 0.3·e^-2.9 = 0.017 goes first, then its parent 2 at 0.2·e^-2.9 = 0.011 < B's leaf 6 at
+    # 0.3·e^-0.9 = 0.122. With 2's value from when it turned idle (0.2) B's tail would go instead.
+    p = pool("cost_aware", horizon_s=10.0, rerank_interval_s=100.0)
+    serve(p, [1, 2, 3], 0.0, 1.0)
+    serve(p, [4, 5, 6], 20.0, 21.0)
+    _, evicted = serve(p, [7, 8, 9, 10], 30.0)  # 8 slots, 6 idle + 2 free: evict 2
+    assert evicted == [3, 2]
+
+
 def test_evictions_follow_the_order_and_lhd_runs():
     p = pool("gdsf")
     history(p)
