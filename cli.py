@@ -295,7 +295,9 @@ def eviction_study(
     horizon_s: Annotated[
         float | None, typer.Option(help="cost_aware's reuse horizon H, s (default: measured on the training log).")
     ] = None,
-    reuse_model: Annotated[str, typer.Option(help="cost_aware's P(reuse): prior or lightgbm.")] = "prior",
+    reuse_model: Annotated[
+        str, typer.Option(help="cost_aware's P(reuse): cure (default), prior or lightgbm.")
+    ] = "cure",
     jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = 2,
     out: OutOpt = None,
 ) -> None:

@@ -29,12 +29,12 @@ def seconds_lost(prefill_saved_s: np.ndarray, restore_s: np.ndarray) -> np.ndarr
 class CostAwarePolicy(EvictionPolicy):
     """value = P(reuse within H) × min(prefill_saved_s, restore_s) / size_bytes (seconds per byte).
 
-    P(reuse) comes from ``context.reuse_model`` (a
-    :class:`~kvcost.models.reuse.ReuseClassifier`: LightGBM on the block's
-    history, :data:`~kvcost.features.spec.EVICTION_FEATURE_SPEC`; the eviction
-    study's uses :data:`~kvcost.models.reuse.STUDY_FEATURES`: hits, idle time
-    and the chain-level reused prefix of the last request, monotone constraints)
-    or, without one, :func:`~kvcost.serving.eviction.base.recency_prior`.
+    P(reuse) comes from ``context.reuse_model``: a
+    :class:`~kvcost.models.reuse_cure.CureReuseModel` (a mixture cure survival
+    model of the gap to the next use, the eviction study's default) or a
+    :class:`~kvcost.models.reuse.ReuseClassifier` (LightGBM on the block's
+    history, :data:`~kvcost.features.spec.EVICTION_FEATURE_SPEC`), or, without
+    one, :func:`~kvcost.serving.eviction.base.recency_prior`.
     Formula: DESIGN.md §5 and issue 6 (value per byte, as in size-aware caching,
     e.g. GreedyDual-Size, Cao and Irani, USITS 1997, without its ageing term).
     ``prefill_saved_s`` comes from the router's own prefill predictor (see

@@ -7,7 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcost.cli import app
-from kvcost.replay.eviction_study import StudySettings, check_settings, run_study
+from kvcost.models.reuse_cure import CureReuseModel
+from kvcost.replay.eviction_study import StudySettings, check_settings, load_reuse_model, run_study
 
 runner = CliRunner()
 
@@ -42,6 +43,21 @@ def test_bad_settings_exit_2_with_the_reason(tmp_path):
         check_settings(StudySettings(policies=("mru",)))
     with pytest.raises(ValueError, match="reuse_model = 'xgb'"):
         check_settings(StudySettings(reuse_model="xgb"))
+
+
+def test_the_study_fits_the_cure_model_by_default_and_cost_aware_loads_what_was_saved(tmp_path):
+    assert StudySettings().reuse_model == "cure"
+    (tmp_path / "prior").mkdir()
+    (tmp_path / "prior" / "horizon_s.txt").write_text("12.5\n")
+    assert load_reuse_model(tmp_path / "prior") == (None, 12.5)
+    CureReuseModel(30.0, [(0.2, 5.0, 1.0)] * 4).save(tmp_path / "cure")
+    model, horizon_s = load_reuse_model(tmp_path / "cure")
+    assert isinstance(model, CureReuseModel) and horizon_s == 30.0
+    out = tmp_path / "study"
+    run_study(StudySettings(duration_s=120, fractions=(0.1,), policies=("cost_aware",), jobs=1), out)
+    training = json.loads((out / "eviction.json").read_text())["training"][0]
+    assert training["classifier_fitted"] and len(training["cure_params"]) == 4
+    assert (out / "reuse_models" / "fraction_0.1" / "cure.json").exists()
 
 
 @pytest.mark.bench
