@@ -5,7 +5,13 @@ import time
 import numpy as np
 import pytest
 
+from kvcost.models.reuse_cure import CureReuseModel
 from kvcost.serving.eviction import EvictionContext, NodeTable, make_eviction_policy, rank_nodes
+
+#: The cure model the eviction study fits at 10 % cache on the conversation trace (rounded).
+CURE = CureReuseModel(
+    474.0, [(0.218, 5.209, 1.060), (0.133, 5.349, 0.975), (0.314, 5.714, 1.166), (0.586, 5.517, 1.607)]
+)
 
 
 def forest(n: int, chain_blocks: int, seed: int) -> NodeTable:
@@ -26,14 +32,16 @@ def forest(n: int, chain_blocks: int, seed: int) -> NodeTable:
         category=np.zeros(n, dtype=np.int64),
         request_blocks=np.full(n, chain_blocks),
         parent=parent,
+        request_reused_blocks=rng.integers(0, chain_blocks + 1, n),
     )
 
 
 @pytest.mark.bench
-@pytest.mark.parametrize("policy", ["lru", "lfu", "gdsf", "lhd", "flop_aware", "cost_aware"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "gdsf", "lhd", "flop_aware", "cost_aware", "cost_aware+cure"])
 def test_bench_rank_100k_nodes(policy):
     nodes = forest(100_000, chain_blocks=24, seed=0)
-    p = make_eviction_policy(policy, EvictionContext(horizon_s=474.0))
+    name, _, model = policy.partition("+")
+    p = make_eviction_policy(name, EvictionContext(horizon_s=474.0, reuse_model=CURE if model else None))
     rank_nodes(p, nodes, 3600.0)  # warm-up
     times = []
     for _ in range(5):
