@@ -503,6 +503,13 @@ def serve(
             "reusable, at their load time."
         ),
     ] = False,
+    reuse_model: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder of a saved P(reuse) model for /v1/evict/rank's cost_aware (kvcost eviction-study "
+            "writes them under OUT/reuse_models/); default: the recency prior."
+        ),
+    ] = None,
 ) -> None:
     """Run the scoring API (POST /v1/score, /v1/route, /v1/observe …) on uvicorn until interrupted."""
     import uvicorn
@@ -531,6 +538,7 @@ def serve(
                 scrape_interval_s=scrape_interval_s,
                 policy=policy,
                 tiers=tiers,
+                reuse_model_dir=reuse_model,
                 max_body_bytes=max_body_bytes,
             )
         except ValidationError as exc:

@@ -213,6 +213,24 @@ class ReuseClassifier:
         return model
 
 
+def load_reuse_model(path: str | Path):
+    """The P(reuse) model saved in folder ``path``: a :class:`ReuseClassifier` (``manifest.json``) or a
+    :class:`~kvcost.models.reuse_cure.CureReuseModel` (``cure.json``), both with ``predict_proba`` and ``horizon_s``.
+
+    Raises:
+        FileNotFoundError: the folder holds neither file.
+        EvictionSpecMismatch, ValueError: the saved model does not fit this kvcost (see each ``load``).
+    """
+    from kvcost.models.reuse_cure import CURE_FILE, CureReuseModel
+
+    path = Path(path)
+    if (path / "manifest.json").exists():
+        return ReuseClassifier.load(path)
+    if (path / CURE_FILE).exists():
+        return CureReuseModel.load(path)
+    raise FileNotFoundError(f"{path}: neither manifest.json nor {CURE_FILE}, expected a folder saved by a reuse model")
+
+
 def _ordered(events: pd.DataFrame) -> pd.DataFrame:
     """Events grouped by (worker, block), in logged order inside each group."""
     required = ["worker_id", "t_s", "block_hash", "event", "depth_blocks", "request_blocks"]

@@ -108,6 +108,7 @@ from kvcost.models.reuse import (  # noqa: E402
     ReuseClassifier,
     characteristic_time_s,
     idle_periods,
+    load_reuse_model,
     reuse_training_frame,
 )
 from kvcost.models.reuse_cure import CURE_FILE, CureReuseModel  # noqa: E402
@@ -230,14 +231,11 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
     }
 
 
-def load_reuse_model(model_dir: Path) -> tuple[ReuseClassifier | CureReuseModel | None, float]:
+def study_reuse_model(model_dir: Path) -> tuple[ReuseClassifier | CureReuseModel | None, float]:
     """The P(reuse) model :func:`train_reuse_model` saved in ``model_dir`` (None: the prior) and H, seconds."""
-    if (model_dir / "manifest.json").exists():
-        model = ReuseClassifier.load(model_dir)
-    elif (model_dir / CURE_FILE).exists():
-        model = CureReuseModel.load(model_dir)
-    else:
+    if not (model_dir / "manifest.json").exists() and not (model_dir / CURE_FILE).exists():
         return None, float((model_dir / "horizon_s.txt").read_text())
+    model = load_reuse_model(model_dir)
     return model, model.horizon_s
 
 
@@ -257,7 +255,7 @@ def run_policy(s: StudySettings, fraction: float, capacity_blocks: int, policy: 
     trace = _trace(s.trace, s.duration_s, s.rate_scale, s.seed)
     reuse_model, horizon_s = None, s.horizon_s or 300.0
     if policy == "cost_aware" and model_dir is not None:
-        reuse_model, horizon_s = load_reuse_model(model_dir)
+        reuse_model, horizon_s = study_reuse_model(model_dir)
     context = EvictionContext(horizon_s=horizon_s, rerank_interval_s=s.rerank_interval_s, reuse_model=reuse_model)
     config = _config(s, capacity_blocks, policy, split_s(trace, s.train_fraction))
     sim = ClusterSimulator(config, trace.block_size_tokens, eviction=context)

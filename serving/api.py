@@ -44,6 +44,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvcost.models.reuse import load_reuse_model
 from kvcost.serving.directory import Namespace
 from kvcost.serving.engine_metrics import EngineMetricsScraper, parse_scrape_target
 from kvcost.serving.eviction.wire import rank_request
@@ -223,9 +224,9 @@ eviction = APIRouter(prefix="/v1/evict", tags=["eviction"])
 
 
 @eviction.post("/rank", response_model=EvictRankResponse, responses={413: _ERRORS[413], 422: _ERRORS[422]})
-async def evict_rank(body: EvictRankIn) -> Response:
+async def evict_rank(body: EvictRankIn, request: Request) -> Response:
     """Idle cached prefix nodes in eviction order under a registered policy, each with its value terms."""
-    return _json(rank_request(body))
+    return _json(rank_request(body, request.app.state.reuse_model))
 
 
 models = APIRouter(prefix="/v1/models", tags=["models"])
@@ -338,13 +339,16 @@ def engine_scraper(settings: ServiceSettings, service: ScoringService) -> Engine
 def create_app(settings: ServiceSettings, service: ScoringService | None = None) -> FastAPI:
     """Build the API around a :class:`ScoringService` (default: one built from ``settings``).
 
-    Pure apart from reading the token file: the log opens and the champion
-    loads in the app's lifespan (uvicorn startup, or entering a TestClient).
+    Pure apart from reading the token file and the reuse model: the log opens
+    and the champion loads in the app's lifespan (uvicorn startup, or entering
+    a TestClient).
 
     Raises:
-        FileNotFoundError, ValueError: the token file is missing or empty.
+        FileNotFoundError, ValueError: the token file is missing or empty, or
+            ``reuse_model_dir`` holds no usable reuse model.
     """
     token = read_token(settings.token_file) if settings.token_file is not None else None
+    reuse_model = load_reuse_model(settings.reuse_model_dir) if settings.reuse_model_dir is not None else None
     service = service if service is not None else ScoringService(settings)
 
     @contextlib.asynccontextmanager
@@ -379,6 +383,7 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     )
     app.state.service = service
     app.state.token = token
+    app.state.reuse_model = reuse_model
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(FieldError, _field_error)

@@ -318,6 +318,9 @@ class EvictNodeIn(BaseModel):
     request_blocks: Count | None = Field(
         None, description="full blocks of the last request holding it; null = depth + 1"
     )
+    request_reused_blocks: Count = Field(
+        0, description="leading blocks of that request found cached at its admission (cost_aware's reuse model)"
+    )
 
 
 class EvictRankIn(BaseModel):
@@ -332,7 +335,9 @@ class EvictRankIn(BaseModel):
         description="ranking time, seconds on the nodes' clock"
     )
     horizon_s: Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)] = Field(
-        300.0, description="cost_aware's reuse horizon H (its recency prior exp(−idle/H))"
+        300.0,
+        description="cost_aware's reuse horizon H of its recency prior exp(−idle/H); a service started with "
+        "--reuse-model uses that model's H instead",
     )
     nodes: Annotated[list[EvictNodeIn], Field(max_length=MAX_EVICT_NODES)]
 
@@ -362,4 +367,6 @@ class EvictRankResponse(BaseModel):
 
     policy: str
     now_s: float
+    horizon_s: float = Field(description="the H cost_aware's P(reuse) was computed for, seconds")
+    reuse_model: str = Field(description="cost_aware's P(reuse): recency_prior, CureReuseModel or ReuseClassifier")
     nodes: list[EvictNodeOut]

@@ -180,6 +180,11 @@ class ServiceSettings(BaseModel):
         description="count prefixes the engines hold in CPU / disk tiers (KV events with medium CPU, ...) as "
         "reusable, paying their load time in L (engines with an offloading connector such as LMCache)",
     )
+    reuse_model_dir: Path | None = Field(
+        None,
+        description="folder of a saved P(reuse) model (kvcost eviction-study writes one per cache size under "
+        "reuse_models/): POST /v1/evict/rank's cost_aware uses it and its H; None = the recency prior",
+    )
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="larger request bodies get 413")
     max_decisions: int = Field(100_000, ge=1, description="decisions kept in memory for /v1/observe (LRU)")
     max_workers: int = Field(65_536, ge=1, description="workers with a pushed snapshot")

@@ -56,16 +56,21 @@ def node_table(body: EvictRankIn) -> NodeTable:
         category=col("category", np.int64),
         request_blocks=np.array([n.depth_blocks + 1 if n.request_blocks is None else n.request_blocks for n in nodes]),
         parent=parent,
+        request_reused_blocks=col("request_reused_blocks", np.int64),
     )
 
 
-def rank_request(body: EvictRankIn) -> EvictRankResponse:
+def rank_request(body: EvictRankIn, reuse_model=None) -> EvictRankResponse:
     """Rank ``body.nodes`` under ``body.policy`` at ``body.now_s`` (a fresh policy: no learned state).
 
-    ``cost_aware`` uses its recency prior with ``body.horizon_s``; ``lhd`` its prior counts.
+    ``cost_aware`` uses ``reuse_model`` (the service's ``--reuse-model``, with the H it was fitted
+    for) or, without one, its recency prior with ``body.horizon_s``; ``lhd`` its prior counts.
+    The response says which P(reuse) and H were used.
     """
     table = node_table(body)
-    policy = make_eviction_policy(body.policy, EvictionContext(horizon_s=body.horizon_s))
+    horizon_s = reuse_model.horizon_s if reuse_model is not None else body.horizon_s
+    context = EvictionContext(horizon_s=horizon_s, reuse_model=reuse_model)
+    policy = make_eviction_policy(body.policy, context)
     ranking = rank_nodes(policy, table, body.now_s)
     t = ranking.terms
 
@@ -83,4 +88,5 @@ def rank_request(body: EvictRankIn) -> EvictRankResponse:
         )
         for i in ranking.order.tolist()
     ]
-    return EvictRankResponse(policy=body.policy, now_s=body.now_s, nodes=out)
+    source = type(reuse_model).__name__ if reuse_model is not None else "recency_prior"
+    return EvictRankResponse(policy=body.policy, now_s=body.now_s, horizon_s=horizon_s, reuse_model=source, nodes=out)

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from kvcost.cli import app
 from kvcost.models.reuse_cure import CureReuseModel
-from kvcost.replay.eviction_study import StudySettings, check_settings, load_reuse_model, run_study
+from kvcost.replay.eviction_study import StudySettings, check_settings, run_study, study_reuse_model
 
 runner = CliRunner()
 
@@ -49,9 +49,9 @@ def test_the_study_fits_the_cure_model_by_default_and_cost_aware_loads_what_was_
     assert StudySettings().reuse_model == "cure"
     (tmp_path / "prior").mkdir()
     (tmp_path / "prior" / "horizon_s.txt").write_text("12.5\n")
-    assert load_reuse_model(tmp_path / "prior") == (None, 12.5)
+    assert study_reuse_model(tmp_path / "prior") == (None, 12.5)
     CureReuseModel(30.0, [(0.2, 5.0, 1.0)] * 4).save(tmp_path / "cure")
-    model, horizon_s = load_reuse_model(tmp_path / "cure")
+    model, horizon_s = study_reuse_model(tmp_path / "cure")
     assert isinstance(model, CureReuseModel) and horizon_s == 30.0
     out = tmp_path / "study"
     run_study(StudySettings(duration_s=120, fractions=(0.1,), policies=("cost_aware",), jobs=1), out)

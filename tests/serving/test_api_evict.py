@@ -83,3 +83,46 @@ def test_bad_node_fields_are_422s_naming_the_field(client):
 
     unknown = {"policy": "lru", "now_s": 0.0, "nodes": [node(1, 0, 0.0, colour="red")]}
     assert client.post("/v1/evict/rank", json=unknown).json()["detail"][0]["loc"] == ["body", "nodes", 0, "colour"]
+
+
+def test_a_served_cure_model_gives_cost_aware_its_p_reuse_and_h(tmp_path):
+    import math
+
+    from kvcost.models.reuse_cure import CureReuseModel
+
+    # class 0 (first turns) never reused; class 3 (reused share ≥ 0.8): π 0.5, median gap 100 s, σ 1
+    CureReuseModel(100.0, [(0.0, 1.0, 1.0)] * 3 + [(0.5, math.log(100.0), 1.0)]).save(tmp_path / "reuse")
+    settings = ServiceSettings(
+        db_path=tmp_path / "log.duckdb", segment_roll_interval_s=0, reuse_model_dir=tmp_path / "reuse"
+    )
+    body = {
+        "policy": "cost_aware",
+        "now_s": 100.0,
+        "horizon_s": 7.0,  # the model's own H (100 s) is used
+        "nodes": [
+            node(1, 0, 100.0, request_blocks=10, request_reused_blocks=9),  # idle 0: P = 0.5 · F(100) = 0.25
+            node(2, 0, 0.0, request_blocks=10, request_reused_blocks=9),  # idle 100 s: P = 0.170594
+            node(3, 0, 100.0, request_blocks=10),  # a first turn: P = 0
+        ],
+    }
+    with TestClient(create_app(settings)) as client:
+        out = client.post("/v1/evict/rank", json=body).json()
+    assert (out["horizon_s"], out["reuse_model"]) == (100.0, "CureReuseModel")
+    assert [(n["node_id"], round(n["p_reuse"], 6)) for n in out["nodes"]] == [(3, 0.0), (2, 0.170594), (1, 0.25)]
+
+
+def test_a_missing_reuse_model_fails_at_start_naming_the_folder(tmp_path):
+    settings = ServiceSettings(db_path=tmp_path / "log.duckdb", reuse_model_dir=tmp_path / "nothing")
+    with pytest.raises(FileNotFoundError, match="nothing: neither manifest.json nor cure.json"):
+        create_app(settings)
+
+
+def test_serve_cli_refuses_a_missing_reuse_model_with_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvcost.cli import app
+
+    args = ["serve", "--db", str(tmp_path / "log.duckdb"), "--reuse-model", str(tmp_path / "none")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "none: neither manifest.json nor cure.json" in result.output
