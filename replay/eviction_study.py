@@ -99,7 +99,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 
+from kvcost.data.store import LogStore  # noqa: E402
 from kvcost.data.traces import Trace, load_trace  # noqa: E402
 from kvcost.models.hardware import StepTimeModel  # noqa: E402
 from kvcost.models.reuse import (  # noqa: E402
@@ -128,6 +130,8 @@ DEFAULT_RATE_SCALE = 0.55
 DEFAULT_TRAIN_FRACTION = 0.3
 #: P(reuse) sources of ``cost_aware`` in the study (see the module docstring).
 REUSE_MODELS: tuple[str, ...] = ("prior", "lightgbm", "cure")
+#: File name of the training part's block history log, in each cache size's reuse-model folder.
+BLOCK_EVENTS_DB = "block_events.duckdb"
 #: Re-rank period of the time-varying policies, simulated seconds (assumption: ≪ H, cheap enough).
 DEFAULT_RERANK_INTERVAL_S = 10.0
 
@@ -195,6 +199,9 @@ def _config(s: StudySettings, capacity_blocks: int, policy: str, warmup_s: float
 def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, model_dir: Path) -> dict:
     """Replay the training part with ``lru``, log block history, fit and save ``cost_aware``'s P(reuse); returns facts.
 
+    The history goes through the DuckDB log: it is written to the ``block_events`` table of
+    ``model_dir/block_events.duckdb`` (run id ``train``, the file made anew) and the model is fitted
+    on what is read back, as a deployment would fit it on the engines' logged KV events.
     ``prior`` saves only H (``horizon_s.txt``); ``lightgbm`` and ``cure`` save their model too, unless the
     log cannot support one (a single label class, or no reuse: e.g. nothing evicted at a large cache),
     where the prior with the measured H stands in.
@@ -203,12 +210,11 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
     cut_s = split_s(trace, s.train_fraction)
     head = replace(trace, requests=tuple(r for r in trace.requests if r.arrival_s < cut_s))
     sim = ClusterSimulator(_config(s, capacity_blocks, "lru", 0.0), trace.block_size_tokens, record_block_events=True)
-    events = sim.run(head).block_events
+    events = _through_the_log(sim.run(head).block_events, model_dir / BLOCK_EVENTS_DB)
     measured_h = characteristic_time_s(events)
     horizon_s = s.horizon_s or (measured_h if math.isfinite(measured_h) else cut_s)
     size_bytes = trace.block_size_tokens * sim.step_models["a100"].model.kv_bytes_per_token
     frame = reuse_training_frame(events, horizon_s, size_bytes, seed=s.seed, end_s=cut_s)
-    model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "horizon_s.txt").write_text(f"{horizon_s!r}\n")
     fitted = None
     if s.reuse_model == "lightgbm" and frame["label"].nunique() == 2:
@@ -229,6 +235,14 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
         "cure_params": fitted.params if isinstance(fitted, CureReuseModel) else None,
         "block_events": int(len(events)),
     }
+
+
+def _through_the_log(events: pd.DataFrame, db: Path) -> pd.DataFrame:
+    """Write ``events`` to a fresh DuckDB log at ``db`` (table ``block_events``, run ``train``) and read them back."""
+    db.unlink(missing_ok=True)
+    with LogStore(db).open() as store:
+        store.write_frame("block_events", "train", events)
+        return store.read_block_events("train")
 
 
 def study_reuse_model(model_dir: Path) -> tuple[ReuseClassifier | CureReuseModel | None, float]:

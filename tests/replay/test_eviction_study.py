@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcost.cli import app
+from kvcost.data.store import LogStore
 from kvcost.models.reuse_cure import CureReuseModel
 from kvcost.replay.eviction_study import StudySettings, check_settings, run_study, study_reuse_model
 
@@ -57,7 +58,10 @@ def test_the_study_fits_the_cure_model_by_default_and_cost_aware_loads_what_was_
     run_study(StudySettings(duration_s=120, fractions=(0.1,), policies=("cost_aware",), jobs=1), out)
     training = json.loads((out / "eviction.json").read_text())["training"][0]
     assert training["classifier_fitted"] and len(training["cure_params"]) == 4
-    assert (out / "reuse_models" / "fraction_0.1" / "cure.json").exists()
+    folder = out / "reuse_models" / "fraction_0.1"
+    assert (folder / "cure.json").exists()
+    with LogStore(folder / "block_events.duckdb").open() as store:  # the model was fitted on the DuckDB log
+        assert len(store.read_block_events("train")) == training["block_events"] > 0
 
 
 @pytest.mark.bench
