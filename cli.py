@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -302,7 +303,7 @@ def eviction_study(
     out: OutOpt = None,
 ) -> None:
     """Every eviction policy at several what-if cache sizes: eviction.json, eviction.md, eviction.png."""
-    from kvcost.replay.eviction_study import STUDY_POLICIES, StudySettings, run_study, study_table
+    from kvcost.replay.eviction_study import STUDY_POLICIES, StudySettings, check_settings, run_study, study_table
 
     def parse() -> StudySettings:
         try:
@@ -310,7 +311,7 @@ def eviction_study(
         except ValueError:
             raise ValueError(f"fractions = {fractions!r}, expected comma-separated numbers such as 0.05,0.1") from None
         names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else STUDY_POLICIES
-        return StudySettings(
+        settings = StudySettings(
             trace=trace,
             duration_s=duration_s,
             fractions=sizes,
@@ -321,9 +322,11 @@ def eviction_study(
             reuse_model=reuse_model,
             jobs=jobs,
         )
+        check_settings(settings)
+        return settings
 
     settings = _guard(parse)
-    folder = out if out is not None else Path("runs") / "eviction-study"
+    folder = out if out is not None else Path("runs") / f"eviction-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     total = len(settings.fractions) * (len(settings.policies) + ("cost_aware" in settings.policies))
     with Progress(*columns, console=console) as progress:
@@ -503,11 +506,11 @@ def serve(
             "reusable, at their load time."
         ),
     ] = False,
-    reuse_model: Annotated[
+    reuse_model_dir: Annotated[
         Path | None,
         typer.Option(
             help="Folder of a saved P(reuse) model for /v1/evict/rank's cost_aware (kvcost eviction-study "
-            "writes them under OUT/reuse_models/); default: the recency prior."
+            "writes one per cache size: OUT/reuse_models/fraction_*); default: the recency prior."
         ),
     ] = None,
 ) -> None:
@@ -538,7 +541,7 @@ def serve(
                 scrape_interval_s=scrape_interval_s,
                 policy=policy,
                 tiers=tiers,
-                reuse_model_dir=reuse_model,
+                reuse_model_dir=reuse_model_dir,
                 max_body_bytes=max_body_bytes,
             )
         except ValidationError as exc:
@@ -550,7 +553,10 @@ def serve(
     settings, api = _guard(build)
     registry = settings.mlflow_uri or "none (analytic model)"
     auth = "bearer token required on write endpoints" if token_file else "no token"
-    console.print(f"kvcost serve on http://{host}:{port} — log {db}, registry {registry}, policy {policy}, {auth}")
+    reuse = f"reuse model {reuse_model_dir}" if reuse_model_dir else "eviction P(reuse): recency prior"
+    console.print(
+        f"kvcost serve on http://{host}:{port} — log {db}, registry {registry}, policy {policy}, {reuse}, {auth}"
+    )
     uvicorn.run(api, host=host, port=port, log_level=log_level)
 
 

@@ -228,7 +228,10 @@ def load_reuse_model(path: str | Path):
         return ReuseClassifier.load(path)
     if (path / CURE_FILE).exists():
         return CureReuseModel.load(path)
-    raise FileNotFoundError(f"{path}: neither manifest.json nor {CURE_FILE}, expected a folder saved by a reuse model")
+    raise FileNotFoundError(
+        f"{path}: neither manifest.json nor {CURE_FILE}, expected a folder saved by a reuse model "
+        "(kvcost eviction-study writes one per cache size: OUT/reuse_models/fraction_*)"
+    )
 
 
 def _ordered(events: pd.DataFrame) -> pd.DataFrame:

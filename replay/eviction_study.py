@@ -126,7 +126,7 @@ STUDY_POLICIES: tuple[str, ...] = ("lru", "lfu", "gdsf", "lhd", "flop_aware", "c
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5)
 #: Default rate scale: the ``experiment`` command's (4 × A100 at ~81 % utilisation without cache).
 DEFAULT_RATE_SCALE = 0.55
-#: Share of the window's trace time replayed to train the reuse classifier (and warm every run).
+#: Share of the window's trace time replayed to fit the reuse model (and warm every run).
 DEFAULT_TRAIN_FRACTION = 0.3
 #: P(reuse) sources of ``cost_aware`` in the study (see the module docstring).
 REUSE_MODELS: tuple[str, ...] = ("prior", "lightgbm", "cure")
@@ -164,7 +164,10 @@ def check_settings(s: StudySettings) -> None:
     if not s.policies:
         raise ValueError("policies is empty, expected registered eviction policies")
     for name in s.policies:
-        EVICTION_POLICIES.get(name)
+        if name not in EVICTION_POLICIES:
+            raise ValueError(
+                f"policies contains {name!r}, expected registered eviction policies: {', '.join(EVICTION_POLICIES)}"
+            )
     if not 0 < s.train_fraction < 1:
         raise ValueError(f"train_fraction = {s.train_fraction!r}, expected a number in (0, 1)")
     if s.horizon_s is not None and not (s.horizon_s > 0 and math.isfinite(s.horizon_s)):
@@ -422,17 +425,27 @@ def study_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def _fitted(training: dict) -> str:
+    """How ``cost_aware``'s P(reuse) came out of one training part, for the report."""
+    if not training["classifier_fitted"]:
+        return "no model fitted (no reuse, or one label class, in the training part): the recency prior stands in"
+    if training.get("cure_params"):
+        pis = "/".join(f"{pi:.2f}" for pi, _, _ in training["cure_params"])
+        return f"cure model fitted, π per reused-share class {pis}"
+    return "classifier fitted"
+
+
 def write_study_md(path: Path, result: dict) -> None:
     """The Markdown report: set-up, the table, cost_aware vs lru, the plot."""
     header, body = study_table(result["results"])
     gains = "\n".join(
         f"- cache fraction {g['cache_fraction']:g}: prefill seconds saved {g['prefill_saved_gain']:+.1%}, "
-        f"hit ratio {g['hit_ratio_gain']:+.1%}"
+        f"token hit ratio {g['hit_ratio_gain']:+.1%} (relative to lru's)"
         for g in result["cost_aware_vs_lru"]
     )
     training = "\n".join(
-        f"- fraction {t['cache_fraction']:g}: H = {t['horizon_s']:.0f} s, {t['training_rows']} rows, "
-        f"{t['positive_share']:.1%} positive"
+        f"- fraction {t['cache_fraction']:g}: H = {t['horizon_s']:.0f} s, {t['training_rows']} samples, "
+        f"{t['positive_share']:.1%} reused within H; {_fitted(t)}"
         for t in result["training"]
     )
     text = "\n\n".join(
@@ -441,13 +454,13 @@ def write_study_md(path: Path, result: dict) -> None:
             f"{result['requests']} requests, {result['distinct_blocks']} distinct blocks, {result['workers']} workers, "
             f"rate scale {result['rate_scale']:g}, seed {result['seed']}, "
             "router `cost_aware`. "
-            f"{result['capacity_note']}. H and the reuse classifier come from arrivals before "
+            f"{result['capacity_note']}. H and the reuse model come from arrivals before "
             f"{result['split_s']:.0f} s (replay time, `lru`); every policy is measured after it. "
             f"Re-rank interval {result['rerank_interval_s']:g} s; "
             f"cost_aware's P(reuse): `{result['reuse_model']}`.",
             markdown_table(header, body),
             "## cost_aware vs lru\n\n" + (gains or "(not run)"),
-            "## reuse classifier\n\n" + (training or "(not trained)"),
+            "## reuse model\n\n" + (training or "(not trained)"),
             "![eviction](eviction.png)",
         ]
     )

@@ -288,9 +288,11 @@ def _error_entry(error: dict) -> dict:
         entry["msg"] = f"body is not valid JSON (at character {position}: {error.get('ctx', {}).get('error', '')})"
         entry["loc"] = ["body"]
         return entry
+    entry["msg"] = entry["msg"].removeprefix("Value error, ")  # our validators' messages stand alone
     value = error.get("input")
     if isinstance(value, str | int | float | bool) and len(repr(value)) <= _MAX_ECHO_CHARS:
-        entry["msg"] = f"{entry['msg']}, got {value!r}"
+        if repr(value) not in entry["msg"]:
+            entry["msg"] = f"{entry['msg']}, got {value!r}"
     return entry
 
 
@@ -336,6 +338,16 @@ def engine_scraper(settings: ServiceSettings, service: ScoringService) -> Engine
     )
 
 
+def _reuse_model(settings: ServiceSettings):
+    """The P(reuse) model in ``settings.reuse_model_dir`` (None without one); errors name the setting."""
+    if settings.reuse_model_dir is None:
+        return None
+    try:
+        return load_reuse_model(settings.reuse_model_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        raise ValueError(f"reuse_model_dir = {str(settings.reuse_model_dir)!r}: {exc}") from None
+
+
 def create_app(settings: ServiceSettings, service: ScoringService | None = None) -> FastAPI:
     """Build the API around a :class:`ScoringService` (default: one built from ``settings``).
 
@@ -348,7 +360,7 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
             ``reuse_model_dir`` holds no usable reuse model.
     """
     token = read_token(settings.token_file) if settings.token_file is not None else None
-    reuse_model = load_reuse_model(settings.reuse_model_dir) if settings.reuse_model_dir is not None else None
+    reuse_model = _reuse_model(settings)
     service = service if service is not None else ScoringService(settings)
 
     @contextlib.asynccontextmanager

@@ -367,6 +367,10 @@ class EvictRankResponse(BaseModel):
 
     policy: str
     now_s: float
-    horizon_s: float = Field(description="the H cost_aware's P(reuse) was computed for, seconds")
-    reuse_model: str = Field(description="cost_aware's P(reuse): recency_prior, CureReuseModel or ReuseClassifier")
+    horizon_s: float | None = Field(
+        description="the H cost_aware's P(reuse) was computed for, seconds; null for others"
+    )
+    reuse_model: str | None = Field(
+        description="cost_aware's P(reuse): recency_prior, CureReuseModel or ReuseClassifier; null for other policies"
+    )
     nodes: list[EvictNodeOut]

@@ -239,6 +239,11 @@ class ServiceSettings(BaseModel):
             raise ValueError(f"policy = {self.policy!r}, expected one of {', '.join(usable)}")
         if self.hash_algorithm not in HASH_ALGORITHMS:
             raise ValueError(f"hash_algorithm = {self.hash_algorithm!r}, expected one of {', '.join(HASH_ALGORITHMS)}")
+        if self.reuse_model_dir is not None and not self.reuse_model_dir.is_dir():
+            raise ValueError(
+                f"reuse_model_dir = {str(self.reuse_model_dir)!r} is not a folder, expected one that kvcost "
+                "eviction-study wrote (OUT/reuse_models/fraction_*)"
+            )
         for spec in self.kv_events:
             parse_kv_event_source(spec)
         scraped = [parse_scrape_target(spec).worker_id for spec in self.scrape]

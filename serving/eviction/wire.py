@@ -15,7 +15,8 @@ def node_table(body: EvictRankIn) -> NodeTable:
     """The request's nodes as a :class:`NodeTable` (rows in request order).
 
     Raises:
-        FieldError: duplicate ``node_id``, ``created_s`` after ``last_access_s``, a ``parent_id``
+        FieldError: duplicate ``node_id``, ``created_s`` after ``last_access_s``, ``last_access_s``
+            after ``now_s``, ``request_reused_blocks`` above the request's blocks, a ``parent_id``
             not in the list or not shallower than the node (``loc`` names the node and field).
     """
     nodes = body.nodes
@@ -25,6 +26,16 @@ def node_table(body: EvictRankIn) -> NodeTable:
             raise FieldError(("nodes", i, "node_id"), f"node_id {node.node_id} appears twice")
         if node.created_s > node.last_access_s:
             raise FieldError(("nodes", i, "created_s"), f"created_s {node.created_s} is after last_access_s")
+        if node.last_access_s > body.now_s:
+            raise FieldError(
+                ("nodes", i, "last_access_s"), f"last_access_s {node.last_access_s} is after now_s {body.now_s}"
+            )
+        request_blocks = node.depth_blocks + 1 if node.request_blocks is None else node.request_blocks
+        if node.request_reused_blocks > request_blocks:
+            raise FieldError(
+                ("nodes", i, "request_reused_blocks"),
+                f"request_reused_blocks {node.request_reused_blocks} exceeds request_blocks {request_blocks}",
+            )
         row[node.node_id] = i
     parent = np.full(len(nodes), -1, dtype=np.int64)
     for i, node in enumerate(nodes):
@@ -88,5 +99,8 @@ def rank_request(body: EvictRankIn, reuse_model=None) -> EvictRankResponse:
         )
         for i in ranking.order.tolist()
     ]
-    source = type(reuse_model).__name__ if reuse_model is not None else "recency_prior"
+    if body.policy != "cost_aware":
+        horizon_s, source = None, None
+    else:
+        source = type(reuse_model).__name__ if reuse_model is not None else "recency_prior"
     return EvictRankResponse(policy=body.policy, now_s=body.now_s, horizon_s=horizon_s, reuse_model=source, nodes=out)

@@ -40,7 +40,13 @@ def test_bad_settings_exit_2_with_the_reason(tmp_path):
     result = runner.invoke(app, ["eviction-study", "--fractions", "0,0.1", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "fractions contains 0.0, expected numbers in (0, 1]" in result.output
-    with pytest.raises(KeyError, match="unknown eviction policy 'mru'"):
+    result = runner.invoke(app, ["eviction-study", "--policies", "lru,foo", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--policies contains 'foo', expected registered eviction policies" in result.output
+    assert "eviction study runs" not in result.output  # refused before any run starts
+    with pytest.raises(
+        ValueError, match="policies contains 'mru', expected registered eviction policies: cost_aware, flop_aware"
+    ):
         check_settings(StudySettings(policies=("mru",)))
     with pytest.raises(ValueError, match="reuse_model = 'xgb'"):
         check_settings(StudySettings(reuse_model="xgb"))

@@ -60,13 +60,16 @@ def test_lru_ignores_the_tree_and_reports_no_p_reuse(client):
     out = client.post("/v1/evict/rank", json=body).json()
     assert [n["node_id"] for n in out["nodes"]] == [1, 2]
     assert out["nodes"][0]["p_reuse"] is None
+    assert (out["horizon_s"], out["reuse_model"]) == (None, None)  # cost_aware's P(reuse) does not apply
 
 
 def test_unknown_policy_is_a_422_naming_the_field(client):
     answer = client.post("/v1/evict/rank", json={"policy": "fifo", "now_s": 0.0, "nodes": []})
     assert answer.status_code == 422
     assert answer.json()["detail"][0]["loc"] == ["body", "policy"]
-    assert "unknown eviction policy 'fifo'" in answer.json()["message"]
+    message = answer.json()["message"]
+    assert message.startswith("policy: unknown eviction policy 'fifo', expected one of")
+    assert "Value error" not in message and "got 'fifo'" not in message  # the value is named once
 
 
 def test_bad_node_fields_are_422s_naming_the_field(client):
@@ -111,9 +114,12 @@ def test_a_served_cure_model_gives_cost_aware_its_p_reuse_and_h(tmp_path):
     assert [(n["node_id"], round(n["p_reuse"], 6)) for n in out["nodes"]] == [(3, 0.0), (2, 0.170594), (1, 0.25)]
 
 
-def test_a_missing_reuse_model_fails_at_start_naming_the_folder(tmp_path):
-    settings = ServiceSettings(db_path=tmp_path / "log.duckdb", reuse_model_dir=tmp_path / "nothing")
-    with pytest.raises(FileNotFoundError, match="nothing: neither manifest.json nor cure.json"):
+def test_a_missing_reuse_model_fails_at_start_naming_the_setting(tmp_path):
+    with pytest.raises(ValueError, match="reuse_model_dir = '.*nothing' is not a folder"):
+        ServiceSettings(db_path=tmp_path / "log.duckdb", reuse_model_dir=tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    settings = ServiceSettings(db_path=tmp_path / "log.duckdb", reuse_model_dir=tmp_path / "empty")
+    with pytest.raises(ValueError, match="reuse_model_dir = '.*empty': .* neither manifest.json nor cure.json"):
         create_app(settings)
 
 
@@ -122,7 +128,26 @@ def test_serve_cli_refuses_a_missing_reuse_model_with_exit_2(tmp_path):
 
     from kvcost.cli import app
 
-    args = ["serve", "--db", str(tmp_path / "log.duckdb"), "--reuse-model", str(tmp_path / "none")]
+    args = ["serve", "--db", str(tmp_path / "log.duckdb"), "--reuse-model-dir", str(tmp_path / "none")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
-    assert "none: neither manifest.json nor cure.json" in result.output
+    assert "--reuse-model-dir = " in result.output and "none' is not a folder" in result.output
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "empty")])
+    assert result.exit_code == 2
+    assert "neither manifest.json nor cure.json" in result.output
+
+
+def test_nodes_from_the_future_or_reusing_more_than_they_hold_are_refused(client):
+    late = {"policy": "cost_aware", "now_s": 5.0, "nodes": [node(1, 0, 9.0)]}
+    answer = client.post("/v1/evict/rank", json=late)
+    assert answer.status_code == 422
+    assert answer.json()["message"] == "nodes.0.last_access_s: last_access_s 9.0 is after now_s 5.0"
+    greedy = {
+        "policy": "cost_aware",
+        "now_s": 5.0,
+        "nodes": [node(1, 1, 1.0, request_blocks=2, request_reused_blocks=7)],
+    }
+    answer = client.post("/v1/evict/rank", json=greedy)
+    assert answer.status_code == 422
+    assert answer.json()["message"] == "nodes.0.request_reused_blocks: request_reused_blocks 7 exceeds request_blocks 2"
