@@ -87,12 +87,21 @@ def _guard(body: Callable[[], object]) -> object:
         raise typer.Exit(code=2) from None
 
 
+#: Settings fields whose CLI option has another name (``ServiceSettings`` → ``kvcost serve``).
+_FIELD_OPTIONS: dict[str, str] = {
+    "hash_algorithm": "prefix_caching_hash_algo",
+    "gpu_default": "gpu",
+    "db_path": "db",
+}
+
+
 def _option_names(message: str) -> str:
     """``rate_scale = -1.0, …`` → ``--rate-scale = -1.0, …`` when the field is one of the CLI's options."""
     field_name = message.split(" ", 1)[0].rstrip(":")
-    if field_name not in _cli_parameters():
+    option = _FIELD_OPTIONS.get(field_name, field_name)
+    if option not in _cli_parameters():
         return message
-    return "--" + field_name.replace("_", "-") + message[len(field_name) :]
+    return "--" + option.replace("_", "-") + message[len(field_name) :]
 
 
 def _cli_parameters() -> set[str]:

@@ -412,7 +412,7 @@ def _check_options(block_size_tokens: int, start_s: float, duration_s: float | N
     if not (is_num(start_s) and start_s >= 0):
         raise bad("start_s", start_s, "a finite number ≥ 0")
     if duration_s is not None and not (is_num(duration_s) and duration_s > 0):
-        raise bad("duration_s", duration_s, "a finite number > 0 or None")
+        raise bad("duration_s", duration_s, "a finite number > 0 (omit it for the rest of the trace)")
 
 
 def _resolve(trace: str | Path, loader: str | None) -> tuple[str, Path, str]:

@@ -126,3 +126,16 @@ def test_unusable_outputs_fail_before_simulating(tmp_path):
     result = runner.invoke(app, ["replay", "--duration-s", "10", "--out", str(out), "--db", str(a_file)])
     assert result.exit_code == 2 and "cannot be opened" in result.output
     assert not out.exists()  # nothing written when the log is unusable
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--prefix-caching-hash-algo", "md5"], "error: --prefix-caching-hash-algo = 'md5', expected one of"),
+        (["--gpu", "tpu"], "error: --gpu = 'tpu', expected one of"),
+    ],
+)
+def test_serve_errors_name_the_option_not_the_settings_field(tmp_path, extra, message):
+    result = runner.invoke(app, ["serve", "--db", str(tmp_path / "d.duckdb"), *extra])
+    assert result.exit_code == 2
+    assert message in result.output

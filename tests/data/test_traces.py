@@ -300,7 +300,7 @@ def test_empty_window_is_an_error(tmp_path):
         ({"rate_scale": 0.0}, "rate_scale = 0.0, expected a finite number > 0"),
         ({"rate_scale": float("inf")}, "rate_scale = inf, expected a finite number > 0"),
         ({"start_s": -1.0}, "start_s = -1.0, expected a finite number ≥ 0"),
-        ({"duration_s": 0.0}, "duration_s = 0.0, expected a finite number > 0 or None"),
+        ({"duration_s": 0.0}, "duration_s = 0.0, expected a finite number > 0 (omit it for the rest of the trace)"),
     ],
 )
 def test_option_validation(tmp_path, kwargs, message):
