@@ -337,7 +337,7 @@ class EvictRankIn(BaseModel):
     horizon_s: Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)] = Field(
         300.0,
         description="cost_aware's reuse horizon H of its recency prior exp(−idle/H); a service started with "
-        "--reuse-model uses that model's H instead",
+        "--reuse-model-dir uses that model's H instead",
     )
     nodes: Annotated[list[EvictNodeIn], Field(max_length=MAX_EVICT_NODES)]
 

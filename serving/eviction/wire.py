@@ -74,7 +74,7 @@ def node_table(body: EvictRankIn) -> NodeTable:
 def rank_request(body: EvictRankIn, reuse_model=None) -> EvictRankResponse:
     """Rank ``body.nodes`` under ``body.policy`` at ``body.now_s`` (a fresh policy: no learned state).
 
-    ``cost_aware`` uses ``reuse_model`` (the service's ``--reuse-model``, with the H it was fitted
+    ``cost_aware`` uses ``reuse_model`` (the service's ``--reuse-model-dir``, with the H it was fitted
     for) or, without one, its recency prior with ``body.horizon_s``; ``lhd`` its prior counts.
     The response says which P(reuse) and H were used.
     """
