@@ -59,7 +59,7 @@ that cost × (hits + 1); the hit rate −ln(1 − P) / H; a classifier trained o
 the leaves present at actual eviction moments; H = the median reuse gap.
 
 Evaluation window (whole trace, split at 30 %; ``kvcost eviction-study
---jobs 2``, 158 s wall on a busy machine), prefill seconds saved / token hit
+--jobs 2``, 104 s wall, 158 s on a busy machine), prefill seconds saved / token hit
 ratio / TTFT P99:
 
 ======== ======================= ======================= ======================= =======================
