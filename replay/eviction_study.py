@@ -74,7 +74,8 @@ fraction lru                     gdsf                    lhd                    
 (lfu 1283.4 / 1813.4 / 3495.7 / 3925.0 s, flop_aware 1654.8 / 2765.1 /
 3758.2 / 3976.9 s.) At 10 %: cost_aware +10.6 % against lru (prior +8.5 %,
 lightgbm −0.8 %), gdsf +9.6 %; at the other sizes cost_aware is within ±2 %
-of lru.
+of lru. Seeds 1 and 2 at 10 % (lru / gdsf / cost_aware): 2598.0 / 2839.3 /
+2912.8 s and 2593.9 / 2904.5 / 2906.7 s, cost_aware +12.1 % both times.
 
 Figures per run: token hit ratio; prefill seconds saved = Σ over measured
 requests of the GPU type's nominal prefill of the whole prompt minus the
