@@ -56,7 +56,9 @@ lhd 2413.9 → 2637.5 s, flop_aware 2073.8 → 2765.1 s). Earlier attempts, on
 these and older validation replays, none adopted: a classifier with every
 eviction feature; GreedyDual ageing with cost P × seconds saved; GDSF with
 that cost × (hits + 1); the hit rate −ln(1 − P) / H; a classifier trained on
-the leaves present at actual eviction moments; H = the median reuse gap.
+the leaves present at actual eviction moments; H = the median reuse gap; a
+LightGBM classifier boosted from the cure model's log-odds (init score) on
+hits and the reused prefix, idle age left to the cure model: A 1398.3, B 1924.5.
 
 Evaluation window (whole trace, split at 30 %; ``kvcost eviction-study
 --jobs 2``, 104 s wall, 158 s on a busy machine), prefill seconds saved / token hit
