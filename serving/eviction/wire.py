@@ -30,7 +30,7 @@ def node_table(body: EvictRankIn) -> NodeTable:
             raise FieldError(
                 ("nodes", i, "last_access_s"), f"last_access_s {node.last_access_s} is after now_s {body.now_s}"
             )
-        request_blocks = node.depth_blocks + 1 if node.request_blocks is None else node.request_blocks
+        request_blocks = _request_blocks(node)
         if node.request_reused_blocks > request_blocks:
             raise FieldError(
                 ("nodes", i, "request_reused_blocks"),
@@ -65,10 +65,15 @@ def node_table(body: EvictRankIn) -> NodeTable:
             [p if n.flops_saved is None else n.flops_saved for n, p in zip(nodes, prefill_s, strict=True)]
         ),
         category=col("category", np.int64),
-        request_blocks=np.array([n.depth_blocks + 1 if n.request_blocks is None else n.request_blocks for n in nodes]),
+        request_blocks=np.array([_request_blocks(n) for n in nodes]),
         parent=parent,
         request_reused_blocks=col("request_reused_blocks", np.int64),
     )
+
+
+def _request_blocks(node) -> int:
+    """The node's ``request_blocks``, or ``depth_blocks + 1`` when the caller sent none."""
+    return node.depth_blocks + 1 if node.request_blocks is None else node.request_blocks
 
 
 def rank_request(body: EvictRankIn, reuse_model=None) -> EvictRankResponse:
