@@ -488,8 +488,20 @@ def serve(
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies are refused with 413.")] = 16 * 2**20,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     kv_events: Annotated[
-        list[str] | None, typer.Option(help="vLLM KV event stream WORKER=tcp://HOST:PORT; repeatable.")
+        list[str] | None,
+        typer.Option(
+            help="vLLM KV event stream WORKER=tcp://HOST:PORT, or WORKER=PUB,REPLAY with the engine's replay "
+            "socket (missed batches are then asked for again); repeatable, one per worker."
+        ),
     ] = None,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(help="Model name requests carry (the engines' --served-model-name); default: --model."),
+    ] = None,
+    revision: Annotated[str, typer.Option(help="Model revision of the engines (their --revision).")] = "main",
+    kv_layout: Annotated[
+        str, typer.Option(help="KV dtype and tensor-parallel split of the engines, as requests name it.")
+    ] = "bf16-tp1",
     prefix_caching_hash_algo: Annotated[
         str,
         typer.Option(
@@ -544,6 +556,9 @@ def serve(
                 gpu_default=gpu,
                 block_size_tokens=block_size_tokens,
                 kv_events=kv_events or [],
+                served_model_name=served_model_name,
+                revision=revision,
+                kv_layout=kv_layout,
                 hash_algorithm=prefix_caching_hash_algo,
                 hash_seed=hash_seed,
                 scrape=scrape or [],

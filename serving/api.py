@@ -45,11 +45,10 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.models.reuse import load_reuse_model
-from kvcost.serving.directory import Namespace
 from kvcost.serving.engine_metrics import EngineMetricsScraper, parse_scrape_target
 from kvcost.serving.eviction.wire import rank_request
 from kvcost.serving.kv_events import KVEventIngestor
-from kvcost.serving.kv_subscriber import KVEventSource, KVEventSubscriber
+from kvcost.serving.kv_subscriber import KVEventSubscriber
 from kvcost.serving.schemas import (
     MAX_ID,
     EvictRankIn,
@@ -322,9 +321,9 @@ def kv_event_subscriber(settings: ServiceSettings, service: ScoringService) -> K
     """A subscriber feeding ``settings.kv_events`` into the service's directory (under its lock), or None."""
     if not settings.kv_events:
         return None
-    namespace = Namespace(settings.model, block_size_tokens=settings.block_size_tokens)
+    namespace = settings.event_namespace()
     ingestor = KVEventIngestor(service.directory, lambda worker_id: namespace)
-    sources = [KVEventSource(w, endpoint) for w, endpoint in map(parse_kv_event_source, settings.kv_events)]
+    sources = [parse_kv_event_source(spec) for spec in settings.kv_events]
     return KVEventSubscriber(ingestor, sources, clock=service.clock, lock=service.lock)
 
 

@@ -344,19 +344,31 @@ class CacheDirectory:
                 _drop(self._trees[namespace], worker_id, hashes, clear_mask)
         self._last_event_s[worker_id] = now_s
 
-    def clear_worker(self, worker_id: int, now_s: float) -> None:
-        """Drop every entry of ``worker_id`` in every namespace (AllBlocksCleared, or an engine restart).
+    def clear_worker(self, worker_id: int, now_s: float, tier: str | None = None) -> None:
+        """Drop the entries of ``worker_id`` in every namespace: an engine restart (every tier) or
+        vLLM's AllBlocksCleared (``tier="gpu"``: ``reset_prefix_cache`` empties the GPU block pool,
+        not the offload connector's CPU / disk copies).
 
-        The worker is no longer stale afterwards (the directory's view of it is exact:
-        empty), and its approximate-mode records are forgotten.
+        Once the worker holds nothing in any tier it is no longer stale (the directory's view
+        of it is exact: empty); a full clear also forgets its approximate-mode records.
+
+        Raises:
+            ValueError: unknown tier name.
         """
-        for namespace in self._namespaces_of.pop(worker_id, ()):
+        clear_mask = _clear_mask(tier)
+        held_elsewhere = False
+        for namespace in list(self._namespaces_of.get(worker_id, ())):
             tree = self._trees[namespace]
             mine = [h for h, v in tree.items() if (worker_id in v if type(v) is dict else v >> _TIER_BITS == worker_id)]
-            _drop(tree, worker_id, mine, _MASK)
-        for key in [key for key in self._routed if key[1] == worker_id]:
-            del self._routed[key]
-        self._stale.discard(worker_id)
+            _drop(tree, worker_id, mine, clear_mask)
+            if tier is not None and not held_elsewhere:
+                held_elsewhere = any(h in tree and _mask_of(tree[h], worker_id) for h in mine)
+        if not held_elsewhere:
+            self._namespaces_of.pop(worker_id, None)
+            self._stale.discard(worker_id)
+        if tier is None:
+            for key in [key for key in self._routed if key[1] == worker_id]:
+                del self._routed[key]
         self._last_event_s[worker_id] = now_s
 
     def touch(self, worker_id: int, now_s: float) -> None:

@@ -469,8 +469,8 @@ class KVEventIngestor:
                     hashes = _int_hashes(event.block_hashes)
                     directory.apply_removed_everywhere(worker_id, hashes, now_s, tier=tier)
                     stats.blocks_removed += len(hashes)
-                else:
-                    directory.clear_worker(worker_id, now_s)
+                else:  # AllBlocksCleared: vLLM's reset_prefix_cache empties the GPU pool only
+                    directory.clear_worker(worker_id, now_s, tier="gpu")
                 stats.events += 1
             except Exception as err:  # one bad event must not stop the batch
                 lost = True

@@ -206,6 +206,10 @@ class CandidateScore(BaseModel):
     reusable_blocks: int
     tier: str = Field(description="tier of the deepest matched block: none, gpu, cpu, disk, remote")
     directory_age_s: float | None = Field(description="time since the worker's last KV event; null if never")
+    directory_stale: bool = Field(
+        description="the worker's KV event stream lost batches that could not be replayed: its reusable "
+        "prefix may be wrong until the engine restarts or clears its cache"
+    )
     snapshot: Literal["inline", "pushed"]
     snapshot_age_s: float = Field(description="0 for an inline snapshot")
 
@@ -306,7 +310,7 @@ class EvictNodeIn(BaseModel):
     created_s: Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
         description="time stored, seconds on the caller's clock, ≤ last_access_s"
     )
-    size_bytes: Annotated[float, Field(gt=0, le=MAX_BLOCK_BYTES, allow_inf_nan=False)] = Field(
+    size_bytes: Annotated[float, Field(ge=1, le=MAX_BLOCK_BYTES, allow_inf_nan=False)] = Field(
         description="KV bytes held"
     )
     prefill_saved_s: Seconds = Field(description="prefill seconds a hit on this block saves")

@@ -71,7 +71,7 @@ from kvcost.serving.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, B
 from kvcost.serving.compatibility import serves
 from kvcost.serving.directory import CacheDirectory, Namespace
 from kvcost.serving.engine_metrics import parse_scrape_target
-from kvcost.serving.kv_subscriber import KVEventSubscriber
+from kvcost.serving.kv_subscriber import KVEventSource, KVEventSubscriber
 from kvcost.serving.metrics import ServiceMetrics, StateSample
 from kvcost.serving.policies import ROUTER_POLICIES
 from kvcost.serving.router import Router, RouterSettings
@@ -217,9 +217,14 @@ class ServiceSettings(BaseModel):
     )
     kv_events: list[str] = Field(
         default_factory=list,
-        description="vLLM KV event streams, WORKER=tcp://HOST:PORT (one per engine); their blocks fill the "
-        "directory in the namespace (model, block size) of these settings",
+        description="vLLM KV event streams, WORKER=tcp://HOST:PORT[,tcp://HOST:PORT of its replay socket] (one "
+        "per engine); their blocks fill the directory in the namespace of event_namespace()",
     )
+    served_model_name: str | None = Field(
+        None, max_length=256, description="model name requests carry (vLLM --served-model-name); None = model"
+    )
+    revision: str = Field("main", max_length=256, description="model revision of the engines (vLLM --revision)")
+    kv_layout: str = Field("bf16-tp1", max_length=256, description="KV dtype and tensor-parallel split of the engines")
     scrape: list[str] = Field(
         default_factory=list,
         description="engines' Prometheus endpoints, WORKER=http://HOST:PORT/metrics (vLLM or SGLang); each "
@@ -227,6 +232,17 @@ class ServiceSettings(BaseModel):
     )
     scrape_interval_s: float = Field(1.0, gt=0, le=3600, description="time between two scrapes of every engine")
     scrape_timeout_s: float = Field(1.0, gt=0, le=60, description="limit of one scrape's HTTP request")
+
+    def event_namespace(self) -> Namespace:
+        """Namespace of the blocks the KV event streams report: a request reuses them only if its
+        namespace (model, revision, adapter, block size, KV layout) is this one (an adapter's own
+        blocks: the same with the event's ``lora_name``)."""
+        return Namespace(
+            self.served_model_name or self.model,
+            revision=self.revision,
+            block_size_tokens=self.block_size_tokens,
+            kv_layout=self.kv_layout,
+        )
 
     @model_validator(mode="after")
     def _check(self) -> ServiceSettings:
@@ -244,8 +260,9 @@ class ServiceSettings(BaseModel):
                 f"reuse_model_dir = {str(self.reuse_model_dir)!r} is not a folder, expected one that kvcost "
                 "eviction-study wrote (OUT/reuse_models/fraction_*)"
             )
-        for spec in self.kv_events:
-            parse_kv_event_source(spec)
+        fed = [parse_kv_event_source(spec).worker_id for spec in self.kv_events]
+        if len(set(fed)) != len(fed):
+            raise ValueError(f"kv_events names worker ids {fed}; each worker may have one event stream")
         scraped = [parse_scrape_target(spec).worker_id for spec in self.scrape]
         if len(set(scraped)) != len(scraped):
             raise ValueError(f"scrape names worker ids {scraped}; each worker may be scraped once")
@@ -257,16 +274,34 @@ class ServiceSettings(BaseModel):
         return self
 
 
-def parse_kv_event_source(spec: str) -> tuple[int, str]:
-    """Parse ``WORKER=tcp://HOST:PORT`` into ``(worker_id, endpoint)``.
+def parse_kv_event_source(spec: str) -> KVEventSource:
+    """Parse ``WORKER=PUB[,REPLAY]`` (each ``tcp://HOST:PORT`` or ``ipc://PATH``) into a source.
+
+    ``PUB`` is the engine's KV event publisher (vLLM ``--kv-events-config``
+    ``endpoint``), ``REPLAY`` its optional replay ROUTER socket (``replay_endpoint``):
+    with it a gap in the sequence numbers is filled by asking the engine for the
+    missed batches; without it the worker's entries are marked stale.
 
     Raises:
-        ValueError: naming the value and the expected form.
+        ValueError: naming the entry and the expected form (a port outside 1–65535,
+            an empty host or path, a scheme other than tcp / ipc).
     """
-    worker, sep, endpoint = spec.partition("=")
-    if not sep or not worker.strip().isdigit() or not endpoint.startswith(("tcp://", "ipc://")):
-        raise ValueError(f"kv_events entry {spec!r}, expected WORKER=tcp://HOST:PORT such as '0=tcp://10.0.0.5:5557'")
-    return int(worker), endpoint
+    expected = "expected WORKER=tcp://HOST:PORT[,tcp://HOST:PORT] such as '0=tcp://10.0.0.5:5557,tcp://10.0.0.5:5558'"
+    worker, sep, endpoints = spec.partition("=")
+    parts = endpoints.split(",")
+    if not sep or not worker.strip().isdigit() or len(parts) > 2 or not all(map(_is_zmq_endpoint, parts)):
+        raise ValueError(f"kv_events entry {spec!r}, {expected}")
+    return KVEventSource(int(worker), parts[0], replay_endpoint=parts[1] if len(parts) == 2 else None)
+
+
+def _is_zmq_endpoint(endpoint: str) -> bool:
+    """``tcp://HOST:PORT`` with a host and a port in 1–65535, or ``ipc://PATH`` with a path."""
+    if endpoint.startswith("ipc://"):
+        return len(endpoint) > len("ipc://")
+    if not endpoint.startswith("tcp://"):
+        return False
+    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
+    return bool(sep and host and host != "*" and port.isdigit() and 1 <= int(port) <= 65535)
 
 
 def read_token(path: Path) -> str:
@@ -1014,6 +1049,7 @@ class ScoringService:
                 reusable_blocks=decision.matches[i].reusable_blocks,
                 tier=decision.matches[i].tier,
                 directory_age_s=_finite_or_none(decision.matches[i].age_s),
+                directory_stale=decision.matches[i].stale,
                 snapshot=sources[i],
                 snapshot_age_s=ages[i],
             )

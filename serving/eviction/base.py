@@ -203,7 +203,9 @@ def rank_nodes(policy: EvictionPolicy, nodes: NodeTable, now_s: float) -> Rankin
     is referenced whenever its child is, so it is never older than the child,
     and on equal age the deeper child goes first).
     ``k`` is propagated level by level from the deepest nodes (one vectorised
-    step per depth level).
+    step per depth level). The age tie-break is the subtree's latest access, so
+    a caller whose child blocks are stamped later than their parents (e.g.
+    with the time each block was stored) still gets every child before its parent.
 
     Raises:
         ValueError: ``now_s`` is not finite.
@@ -212,9 +214,11 @@ def rank_nodes(policy: EvictionPolicy, nodes: NodeTable, now_s: float) -> Rankin
         raise ValueError(f"now_s = {now_s!r}, expected a finite time in seconds")
     terms = policy.terms(nodes, now_s)
     key = terms["value"].copy()
+    last_access_s = nodes.last_access_s
     if policy.leaves_only and len(nodes):
         key = subtree_max(key, nodes.parent, nodes.depth_blocks)
-    order = np.lexsort((-nodes.depth_blocks, nodes.last_access_s, key))  # stable: the row breaks the last ties
+        last_access_s = subtree_max(last_access_s, nodes.parent, nodes.depth_blocks)
+    order = np.lexsort((-nodes.depth_blocks, last_access_s, key))  # stable: the row breaks the last ties
     return Ranking(order=order.astype(np.int64), terms=terms)
 
 

@@ -73,10 +73,11 @@ def test_unknown_policy_is_a_422_naming_the_field(client):
 
 
 def test_bad_node_fields_are_422s_naming_the_field(client):
-    bad_size = {"policy": "lru", "now_s": 0.0, "nodes": [node(1, 0, 0.0, size_bytes=0)]}
-    answer = client.post("/v1/evict/rank", json=bad_size)
-    assert answer.status_code == 422
-    assert answer.json()["detail"][0]["loc"] == ["body", "nodes", 0, "size_bytes"]
+    for size_bytes in (0, 0.5):  # below one byte: a unit error, and values would overflow
+        bad_size = {"policy": "lhd", "now_s": 0.0, "nodes": [node(1, 0, 0.0, size_bytes=size_bytes)]}
+        answer = client.post("/v1/evict/rank", json=bad_size)
+        assert answer.status_code == 422
+        assert answer.json()["detail"][0]["loc"] == ["body", "nodes", 0, "size_bytes"]
 
     orphan = {"policy": "gdsf", "now_s": 0.0, "nodes": [node(1, 0, 0.0), node(2, 1, 0.0, parent_id=7)]}
     answer = client.post("/v1/evict/rank", json=orphan)

@@ -2,6 +2,7 @@
 
 import hashlib
 import pickle
+import re
 
 import cbor2
 import pytest
@@ -10,6 +11,7 @@ import zmq
 from fastapi.testclient import TestClient
 
 from kvcost.serving.api import create_app
+from kvcost.serving.kv_subscriber import KVEventSource
 from kvcost.serving.service import ServiceSettings, parse_kv_event_source
 
 from .test_kv_events import VMAP
@@ -25,7 +27,28 @@ def context():
     ctx.destroy(linger=0)
 
 
-def test_published_blocks_become_reusable_prefixes(tmp_path, context):
+def score_body(namespace, hashes=(11, 12, 13)):
+    return {
+        "request": {"request_id": 1, "namespace": namespace, "block_hashes": list(hashes), "input_tokens": 14},
+        "candidates": [{"worker_id": 0, "snapshot": {}}, {"worker_id": 1, "snapshot": {}}],
+    }
+
+
+def reuse_of(out):
+    return [(c["worker_id"], c["reusable_tokens"], c["tier"]) for c in out["candidates"]]
+
+
+@pytest.mark.parametrize(
+    ("options", "namespace"),
+    [
+        ({}, {"model": "llama-3-8b"}),
+        (
+            {"served_model_name": "meta-llama/Meta-Llama-3-8B", "revision": "v2", "kv_layout": "fp8-tp1"},
+            {"model": "meta-llama/Meta-Llama-3-8B", "revision": "v2", "kv_layout": "fp8-tp1"},
+        ),
+    ],
+)
+def test_published_blocks_become_reusable_prefixes(tmp_path, context, options, namespace):
     engine = FakeEngine(context)
     settings = ServiceSettings(
         db_path=tmp_path / "log.duckdb",
@@ -33,33 +56,84 @@ def test_published_blocks_become_reusable_prefixes(tmp_path, context):
         model="llama-3-8b",
         block_size_tokens=BLOCK,
         kv_events=[f"1={engine.endpoint}"],
+        **options,
     )
     with TestClient(create_app(settings)) as client:
         subscriber = client.app.state.kv_subscriber
         engine.wait_subscribed()
         engine.publish(0, V010.EventBatch(100.0, [stored([11, 12])], None))
         wait_for(subscriber, 1)
-        body = {
-            "request": {
-                "request_id": 1,
-                "namespace": {"model": "llama-3-8b", "block_size_tokens": BLOCK},
-                "block_hashes": [11, 12, 13],
-                "input_tokens": 14,
-            },
-            "candidates": [{"worker_id": 0, "snapshot": {}}, {"worker_id": 1, "snapshot": {}}],
-        }
-        out = client.post("/v1/score", json=body).json()
+        out = client.post("/v1/score", json=score_body({**namespace, "block_size_tokens": BLOCK})).json()
+        other = client.post("/v1/score", json=score_body({"model": "other", "block_size_tokens": BLOCK})).json()
     engine.close()
-    assert [(c["worker_id"], c["reusable_tokens"], c["tier"]) for c in out["candidates"]] == [
-        (0, 0, "none"),
-        (1, 8, "gpu"),
-    ]
+    assert reuse_of(out) == [(0, 0, "none"), (1, 8, "gpu")]
+    assert reuse_of(other) == [(0, 0, "none"), (1, 0, "none")]
+
+
+def test_a_lost_batch_is_asked_for_again_on_the_replay_socket(tmp_path, context):
+    engine = FakeEngine(context, replay=True)
+    settings = ServiceSettings(
+        db_path=tmp_path / "log.duckdb",
+        segment_roll_interval_s=0,
+        block_size_tokens=BLOCK,
+        kv_events=[f"1={engine.endpoint},{engine.replay_endpoint}"],
+    )
+    with TestClient(create_app(settings)) as client:
+        subscriber = client.app.state.kv_subscriber
+        engine.wait_subscribed()
+        engine.publish(0, V010.EventBatch(100.0, [stored([11])], None))
+        engine.publish(1, V010.EventBatch(100.0, [stored([12], parent=11)], None), send=False)
+        engine.publish(2, V010.EventBatch(100.0, [stored([13], parent=12)], None))
+        assert engine.serve_one_replay() == 1
+        wait_for(subscriber, 2)
+        out = client.post("/v1/score", json=score_body({"model": "llama-3-8b", "block_size_tokens": BLOCK})).json()
+    engine.close()
+    assert reuse_of(out) == [(0, 0, "none"), (1, 12, "gpu")]
+    assert [c["directory_stale"] for c in out["candidates"]] == [False, False]
+
+
+def test_a_lost_batch_without_a_replay_socket_marks_the_candidate_stale(tmp_path, context):
+    engine = FakeEngine(context)
+    settings = ServiceSettings(
+        db_path=tmp_path / "log.duckdb",
+        segment_roll_interval_s=0,
+        block_size_tokens=BLOCK,
+        kv_events=[f"1={engine.endpoint}"],
+    )
+    with TestClient(create_app(settings)) as client:
+        subscriber = client.app.state.kv_subscriber
+        engine.wait_subscribed()
+        engine.publish(0, V010.EventBatch(100.0, [stored([11])], None))
+        engine.publish(1, V010.EventBatch(100.0, [stored([12], parent=11)], None), send=False)
+        engine.publish(2, V010.EventBatch(100.0, [stored([13], parent=12)], None))
+        wait_for(subscriber, 2)
+        out = client.post("/v1/score", json=score_body({"model": "llama-3-8b", "block_size_tokens": BLOCK})).json()
+    engine.close()
+    assert reuse_of(out) == [(0, 0, "none"), (1, 4, "gpu")]
+    assert [c["directory_stale"] for c in out["candidates"]] == [False, True]
 
 
 def test_kv_event_entries_are_validated():
-    assert parse_kv_event_source("3=tcp://127.0.0.1:5557") == (3, "tcp://127.0.0.1:5557")
-    with pytest.raises(ValueError, match="kv_events entry 'x', expected WORKER=tcp://HOST:PORT"):
-        ServiceSettings(db_path="log.duckdb", kv_events=["x"])
+    assert parse_kv_event_source("3=tcp://127.0.0.1:5557") == KVEventSource(3, "tcp://127.0.0.1:5557")
+    assert parse_kv_event_source("3=tcp://h:5557,tcp://h:5558") == KVEventSource(
+        3, "tcp://h:5557", replay_endpoint="tcp://h:5558"
+    )
+    assert parse_kv_event_source("0=ipc:///tmp/kv").endpoint == "ipc:///tmp/kv"
+    for bad in (
+        "x",
+        "0=tcp://127.0.0.1",
+        "0=tcp://",
+        "0=tcp://h:0",
+        "0=tcp://h:65536",
+        "0=tcp://*:5557",
+        "0=http://h:80",
+        "0=tcp://h:1,tcp://h:2,tcp://h:3",
+        "0=ipc://",
+    ):
+        with pytest.raises(ValueError, match=f"kv_events entry '{re.escape(bad)}', expected WORKER=tcp://HOST:PORT"):
+            ServiceSettings(db_path="log.duckdb", kv_events=[bad])
+    with pytest.raises(ValueError, match=r"kv_events names worker ids \[0, 0\]; each worker may have one event"):
+        ServiceSettings(db_path="log.duckdb", kv_events=["0=tcp://a:5557", "0=tcp://b:5557"])
 
 
 # What a vLLM engine computes (vllm/v1/core/kv_cache_utils.py hash_block_tokens with the hash functions of

@@ -83,6 +83,21 @@ def test_clear_worker_in_every_namespace():
     assert d.match(NS, [1], [0], now_s=7.0)[0].age_s == 2.0
 
 
+def test_clear_worker_gpu_tier_keeps_lower_tiers_and_the_stale_flag_until_nothing_is_held():
+    d = CacheDirectory()
+    d.apply_stored(NS, 0, [1, 2], parent_hash=None, tier="gpu", now_s=0.0)
+    d.apply_stored(NS, 0, [1], parent_hash=None, tier="cpu", now_s=0.0)
+    d.mark_stale(0)
+    d.clear_worker(0, now_s=1.0, tier="gpu")
+    assert d.holders(NS, 1) == {0: ("cpu",)}
+    assert d.holders(NS, 2) == {}
+    assert d.is_stale(0)  # the CPU copies may still be wrong
+    d.clear_worker(0, now_s=2.0, tier="cpu")
+    assert d.num_blocks() == 0 and not d.is_stale(0)
+    with pytest.raises(ValueError, match="tier = 'hbm'"):
+        d.clear_worker(0, now_s=3.0, tier="hbm")
+
+
 @pytest.mark.parametrize(
     "other",
     [

@@ -265,6 +265,16 @@ def test_ingest_applies_stored_removed_and_cleared():
     assert ingestor.expected_seq(0) == 2 and ingestor.expected_seq(7) is None
 
 
+def test_all_blocks_cleared_empties_the_gpu_tier_only():
+    # vLLM's reset_prefix_cache publishes AllBlocksCleared for its GPU block pool; the
+    # offload connector's CPU copies survive it
+    directory, ingestor = make_ingestor()
+    batch = VMAP.EventBatch(0.0, [stored_map([1, 2]), stored_map([1], medium="CPU"), VMAP.AllBlocksCleared()])
+    assert ingestor.ingest(0, frames(0, ENCODER.encode(batch)), now_s=0.0)
+    assert directory.holders(NS, 1) == {0: ("cpu",)}
+    assert directory.holders(NS, 2) == {}
+
+
 def test_gpu_and_cpu_copies_of_a_block_are_tracked_per_tier():
     directory, ingestor = make_ingestor()
     batch = VMAP.EventBatch(0.0, [stored_map([1, 2]), stored_map([1, 2], medium="CPU")])

@@ -120,6 +120,13 @@ def test_leaf_rule_parent_goes_after_its_children():
     assert nodes.is_leaf().tolist() == [False, False, True, True]
 
 
+@pytest.mark.parametrize("policy", ["lfu", "gdsf", "lhd", "flop_aware", "cost_aware"])
+def test_a_child_stamped_later_than_its_parent_still_goes_first(policy):
+    # equal values; the child (row 1) was stored after its parent (row 0) and never touched since
+    nodes = table(depth_blocks=[0, 1], parent=[-1, 0], last_access_s=[100.0, 200.0], created_s=[100.0, 200.0])
+    assert rank_nodes(make_eviction_policy(policy), nodes, 300.0).order.tolist() == [1, 0]
+
+
 def test_subtree_max_and_bad_parent_depth():
     assert subtree_max(np.array([1.0, 5.0, 2.0]), np.array([-1, 0, 1]), np.array([0, 1, 2])).tolist() == [5, 5, 2]
     with pytest.raises(ValueError, match="smaller depth_blocks"):
