@@ -338,8 +338,8 @@ class _Log:
                 continue
             worker_id, pred, features, p90_s = self.decisions.pop(r.request_id)
             self.last_finish_s = max(self.last_finish_s, r.finish_s)
-            queue_s = r.admitted_s - r.arrival_s
-            prefill_s = r.prefill_end_s - (r.admitted_s + r.lookup_s)
+            queue_s = r.queued_until_s - r.arrival_s
+            prefill_s = r.prefill_end_s - (r.queued_until_s + r.lookup_s)
             ttft_s = r.first_token_s - r.arrival_s
             tpot_s = (r.finish_s - r.prefill_end_s) / (r.output_tokens - 1) if r.output_tokens > 1 else math.nan
             e2e_s = r.finish_s + r.first_token_overhead_s - r.arrival_s

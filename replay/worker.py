@@ -10,10 +10,13 @@ the slowdown, or KV-admission waits.
 
 Per-request actual terms (seconds), exact by construction:
 
-* Q = admission (first prefill chunk's step start) − arrival at the worker;
-* L = the request's prefix lookup / preparation;
-* X = 0 (no transfers yet);
-* P = end of the step holding its last prefill chunk − (admission + L);
+* Q = ``queued_until_s`` − arrival at the worker: the wait for admission (the
+  first prefill chunk's step start); a request whose prefix is loaded from a
+  lower tier also waits from the end of the load to its first chunk, so for it
+  ``queued_until_s`` = that chunk's step start − L;
+* L = the request's prefix lookup / preparation (tier loads included);
+* X = its KV transfer over the network (inside Q on the critical path);
+* P = end of the step holding its last prefill chunk − (``queued_until_s`` + L);
 * F = first-token work after that step (sampling, detokenise, network);
 
 so TTFT = first token − arrival = Q + L + X + P + F.
@@ -70,6 +73,7 @@ class SimRequest:
     predicted_reuse_tokens: int
     # filled in by the worker
     admitted_s: float = math.nan
+    queued_until_s: float = math.nan  # admission; for a tier load, its first chunk's start − L
     lookup_s: float = 0.0
     reused_tokens: int = 0
     computed_tokens: int = 0
@@ -171,8 +175,9 @@ class SimWorker:
         self.decode_context_tokens = 0
         self.queued_prefill_tokens = 0
         self.step_end_s: float | None = None
-        self.last_step_s = 0.0
+        self.last_step_s = 0.0  # last finished step, as the router sees it
         self.last_step_nominal_s = 0.0
+        self._step_s = (0.0, 0.0)  # (actual, nominal) of the step now running
         self.prefill_busy_s = 0.0
         self.measure_from_s = 0.0
         self._chunks: list[tuple[SimRequest, int]] = []
@@ -197,7 +202,8 @@ class SimWorker:
             for r in self.prefilling
             if r.queued_tokens > in_step.get(id(r), 0)
         )
-        waiting += tuple((r.queued_tokens, r.predicted_reuse_tokens) for r in (*self.fetching, *self.waiting))
+        unadmitted = (*self.fetching, *self.waiting)  # routed, holding no KV yet
+        waiting += tuple((r.queued_tokens, r.predicted_reuse_tokens) for r in unadmitted)
         waiting += tuple((r.queued_tokens, r.computed_tokens) for r in self.loading)
         return WorkerSnapshot(
             worker_id=self.worker_id,
@@ -208,14 +214,20 @@ class SimWorker:
             kv_usage=self.pool.usage(),
             idle_cached_blocks=self.pool.idle_blocks,
             recent_step_s=self.last_step_s,
-            step_remaining_s=max(0.0, self.step_end_s - now_s) if self.step_end_s is not None else 0.0,
+            step_remaining_s=self._step_remaining_s(now_s),
             kv_capacity_blocks=self.pool.capacity_blocks,
-            waiting_prompt_blocks=sum(-(-r.input_tokens // self.block_size_tokens) for r in self.waiting),
-            oldest_waiting_s=now_s - self.waiting[0].arrival_s if self.waiting else 0.0,
+            waiting_prompt_blocks=sum(-(-r.input_tokens // self.block_size_tokens) for r in unadmitted),
+            oldest_waiting_s=now_s - min(r.arrival_s for r in unadmitted) if unadmitted else 0.0,
             recent_step_nominal_s=self.last_step_nominal_s,
             load_backlog_s=self.tiers.pcie.backlog_s(now_s) if self.tiers else 0.0,
             transfer_backlog_s=self.tiers.network.backlog_s(now_s) if self.tiers else 0.0,
         )
+
+    def _step_remaining_s(self, now_s: float) -> float:
+        """Time left in the step now running; 0 when idle (an arrival restarts an idle-waiting worker)."""
+        if self.step_end_s is None or self.idle_wait:
+            return 0.0
+        return max(0.0, self.step_end_s - now_s)
 
     def fork(self) -> SimWorker:
         """An independent copy of the worker's whole state, jitter stream included.
@@ -246,7 +258,7 @@ class SimWorker:
         request can never be admitted (the worker idles with it still waiting).
         """
         self.enqueue(request)
-        if self.step_end_s is None:
+        if self.step_end_s is None or self.idle_wait:  # as the simulator does on an arrival
             self.start_step(now_s)
         while math.isnan(request.prefill_end_s):
             end_s = self.step_end_s
@@ -306,6 +318,8 @@ class SimWorker:
         for request in self.prefilling:
             if budget <= 0:
                 break
+            if math.isnan(request.queued_until_s):  # loaded from a lower tier: first chunk now
+                request.queued_until_s = now_s - request.lookup_s
             n = min(request.input_tokens - request.computed_tokens, budget)
             flops += self.step_model.prefill_attention_flops(n, request.computed_tokens)
             chunks.append((request, n))
@@ -318,6 +332,7 @@ class SimWorker:
                 continue
             self.prefilling.append(request)
             lookup_s = max(lookup_s, request.lookup_s)
+            request.queued_until_s = now_s
             n = min(request.input_tokens - request.computed_tokens, budget)
             flops += self.step_model.prefill_attention_flops(n, request.computed_tokens)
             chunks.append((request, n))
@@ -332,16 +347,18 @@ class SimWorker:
         num_tokens = self.step_model.token_budget - budget
         nominal_s = self.step_model.step_s(num_tokens, flops, self.decode_context_tokens) + lookup_s
         step_s = (nominal_s - lookup_s) * self._next_jitter() * self._slowdown(now_s) + lookup_s
-        self.last_step_nominal_s = nominal_s
-        if (chunks or self.waiting) and now_s >= self.measure_from_s:
+        self._step_s = (step_s, nominal_s)
+        waiting_first_token = chunks or self.waiting or self.loading or self.fetching
+        if waiting_first_token and now_s >= self.measure_from_s:
             self.prefill_busy_s += step_s
         self._chunks = chunks
-        self.last_step_s = step_s
         self.step_end_s = now_s + step_s
         return self.step_end_s
 
     def finish_step(self, now_s: float) -> list[SimRequest]:
         """Apply the step that ends at ``now_s``; returns requests that completed (last token out)."""
+        if not self.idle_wait:  # the router sees a step's time once it has finished
+            self.last_step_s, self.last_step_nominal_s = self._step_s
         done = self._advance_decode(now_s)
         for request, n in self._chunks:
             request.computed_tokens += n
@@ -372,8 +389,12 @@ class SimWorker:
             return False
         if evicted:
             self._tier_events(now_s, [("removed", "gpu", evicted)])
-            if self.tiers is not None:
+            if self.tiers is not None:  # the prefix about to be loaded is the most recent: demote others first
+                matched = chain[gpu_blocks : gpu_blocks + cpu_blocks + disk_blocks]
+                self.tiers.cpu.touch(matched)
+                self.tiers.disk.touch(matched)
                 self._tier_events(now_s, self.tiers.put_cpu(evicted))
+                cpu_blocks, disk_blocks = self.tiers.match_below(chain, gpu_blocks)  # what is still there
         before = request.queued_tokens
         request.allocation = allocation
         request.loaded_blocks = cpu_blocks + disk_blocks

@@ -67,7 +67,7 @@ def drive(worker: SimWorker, requests: list[SimRequest]) -> list[SimRequest]:
         else:
             request = pending.popleft()
             worker.enqueue(request)
-            if worker.step_end_s is None:
+            if worker.step_end_s is None or worker.idle_wait:
                 worker.start_step(t_arrival)
     return done
 
@@ -75,10 +75,10 @@ def drive(worker: SimWorker, requests: list[SimRequest]) -> list[SimRequest]:
 def terms(r: SimRequest) -> tuple[float, float, float, float, float]:
     """(Q, L, X, P, F) as the worker's module docstring defines them."""
     return (
-        r.admitted_s - r.arrival_s,
+        r.queued_until_s - r.arrival_s,
         r.lookup_s,
         0.0,
-        r.prefill_end_s - (r.admitted_s + r.lookup_s),
+        r.prefill_end_s - (r.queued_until_s + r.lookup_s),
         r.first_token_overhead_s,
     )
 
@@ -313,3 +313,109 @@ def test_lower_tier_hits_are_loaded_in_lookup_and_queue_on_the_pcie_link():
     assert done == [a, b]
     assert a.prefill_end_s - (a.admitted_s + a.lookup_s) >= 0
     assert a.first_token_s - a.arrival_s == pytest.approx(sum(terms(a)))
+
+
+def tiered_worker(capacity_blocks: int = 100, **config) -> SimWorker:
+    """A unit worker with CPU / disk tiers of 40-byte blocks (10 tokens × 4 B)."""
+    worker = make_worker(capacity_blocks)
+    worker.tiers = WorkerTiers(TierConfig(**({"disk_bytes": 0, "remote_bytes": 0} | config)), block_bytes=40)
+    return worker
+
+
+def test_a_loaded_request_waiting_for_its_first_chunk_counts_that_wait_in_q_not_p():
+    # a's prefix is in CPU (0.2 s copy + 12 ms lookup); b arrives during the copy and is admitted
+    # first, so a's first chunk waits behind b's 900-token prefill (9 full steps)
+    worker = tiered_worker(cpu_bytes=400, cpu_to_gpu=LinkSpec(400.0, 0.0))
+    worker.tiers.put_cpu([1, 2])
+    a, b = req(1, 0.0, 25, 2, [1, 2]), req(0, 0.01, 900, 2, range(100, 190))
+    drive(worker, [a, b])
+    first_chunk_s = b.prefill_end_s  # b's 9 chunks fill 9 steps; a's 5 tokens take the next one
+    q, lookup, _, p, _ = terms(a)
+    assert (lookup, q) == (approx(0.212), approx(first_chunk_s - 0.212))
+    assert p == approx(a.prefill_end_s - first_chunk_s) and p < 0.02  # one step, not the 1.2 s behind b
+    assert a.first_token_s - a.arrival_s == approx(sum(terms(a)))
+
+
+def test_an_admission_loads_only_what_its_own_demotions_left_in_the_tiers():
+    # CPU and disk hold 2 blocks each; r's prefix (101, 102) sits on disk
+    worker = tiered_worker(
+        capacity_blocks=4,
+        cpu_bytes=80,
+        disk_bytes=80,
+        cpu_to_gpu=LinkSpec(400.0, 0.0),
+        disk_to_cpu=LinkSpec(400.0, 0.0),
+    )
+    worker.tiers.disk.put([101, 102])
+    worker.tiers.cpu.put([201, 202])
+    drive(worker, [req(0, 0.0, 30, 1, [301, 302, 303])])  # 3 idle GPU blocks
+    r = req(1, 10.0, 25, 5, [101, 102])  # needs 3 blocks: 2 idle GPU blocks are demoted to CPU,
+    worker.enqueue(r)  # CPU's 201, 202 to disk, and disk's 101, 102 are dropped
+    worker.start_step(10.0)
+    assert not any(h in worker.tiers.cpu or h in worker.tiers.disk for h in (101, 102))
+    assert (r.loaded_blocks, r.reused_tokens, r.served_by) == (0, 0, "recompute")
+
+
+def test_an_admission_keeps_the_prefix_it_loads_when_the_tier_has_room_for_it():
+    # CPU holds 3 blocks: r's prefix (101, 102, LRU head) and 201; 1 GPU block is demoted
+    worker = tiered_worker(capacity_blocks=3, cpu_bytes=120, cpu_to_gpu=LinkSpec(400.0, 0.0))
+    worker.tiers.cpu.put([101, 102, 201])
+    drive(worker, [req(0, 0.0, 10, 1, [301])])
+    r = req(1, 10.0, 25, 5, [101, 102])
+    worker.enqueue(r)
+    worker.start_step(10.0)
+    assert set(worker.tiers.cpu.order()) == {101, 102, 301}  # 201 went, not the prefix
+    assert (r.loaded_blocks, r.reused_tokens, r.served_by) == (2, 20, "tier_load")
+
+
+def fetching_worker(capacity_blocks: int = 50) -> tuple[SimWorker, SimRequest]:
+    """A worker idle-waiting from t = 0 for request 1's 2-block fetch over a 40 B/s link (until 2 s)."""
+    worker = tiered_worker(capacity_blocks, cpu_bytes=400, network=LinkSpec(40.0, 0.0))
+    a = req(1, 0.0, 25, 5, [11, 12], predicted_reuse_tokens=20)
+    a.fetch_hashes = (11, 12)
+    _, a.ready_s = worker.tiers.network.reserve(0.0, 80)
+    worker.enqueue_fetched(a)
+    worker.start_step(0.0)
+    return worker, a
+
+
+def test_an_idle_waiting_worker_reports_no_step_and_the_oracle_restarts_it():
+    worker, _ = fetching_worker()
+    assert worker.idle_wait and worker.step_end_s == 2.0
+    assert worker.snapshot(0.5).step_remaining_s == 0.0
+    oracle_s = worker.fork().run_until_first_token(req(2, 0.5, 25, 5, [21, 22]), 0.5)
+    probe = req(2, 0.5, 25, 5, [21, 22])
+    drive(worker, [probe])  # the simulator's loop restarts the idle worker on the arrival
+    assert oracle_s == approx(probe.first_token_s) and probe.queued_until_s == 0.5
+
+
+def test_snapshot_counts_fetching_requests_as_not_yet_admitted():
+    worker, a = fetching_worker(capacity_blocks=15)
+    b = req(2, 1.0, 25, 5, [21, 22])
+    worker.enqueue(b)
+    snap = worker.snapshot(1.0)
+    assert (snap.waiting_prompt_blocks, snap.oldest_waiting_s) == (6, 1.0)
+    worker._wake(2.5)  # a's transfer has landed: it queues behind b, yet it is the oldest
+    assert worker.snapshot(2.5).oldest_waiting_s == 2.5
+
+
+def test_recent_step_is_the_last_finished_step_not_the_running_one():
+    worker = make_worker(jitter_sigma=0.5, speed_fraction=0.5, slowdown_from_s=0.0)
+    worker.enqueue(req(0, 0.0, 95, 5, range(1, 10)))
+    end1 = worker.start_step(0.0)
+    assert worker.snapshot(0.0).recent_step_s == 0.0  # nothing has finished yet
+    worker.finish_step(end1)
+    end2 = worker.start_step(end1)
+    assert end2 - end1 != approx(end1)
+    assert worker.snapshot(end1).recent_step_s == end1
+
+
+def test_prefill_busy_time_counts_steps_while_a_request_loads_its_prefix():
+    # d decodes throughout; a's prefix is copied from CPU for 0.212 s, during which only d's
+    # decode steps run: a waits for its first token all along, so every step until its
+    # prefill ends is busy time (and no later one)
+    worker = tiered_worker(cpu_bytes=400, cpu_to_gpu=LinkSpec(400.0, 0.0))
+    worker.tiers.put_cpu([1, 2])
+    d, a = req(0, 0.0, 10, 200, [901]), req(1, 0.0, 25, 2, [1, 2])
+    drive(worker, [d, a])
+    assert a.loaded_blocks == 2 and a.prefill_end_s > a.ready_s > 0.212
+    assert worker.prefill_busy_s == approx(a.prefill_end_s)
