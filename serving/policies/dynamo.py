@@ -141,6 +141,13 @@ class DynamoKvPolicy:
       disk blocks of one match separately.
     - Candidates are all workers: kvcost's hot-spot skew limit (``ctx.allowed``)
       is not part of Dynamo.
+    - No router-side queue: with ``router_queue_threshold`` (default 16.0) Dynamo
+      parks a request while every worker's active tokens exceed 16 ×
+      ``max_num_batched_tokens`` and routes it, FCFS, when one drops below; here
+      every request is routed on arrival (the replay's policies have no deferral
+      hook). It can matter only when every worker is that far behind, i.e. in the
+      95 % load cells of ``kvcost bench``, where late binding could lower
+      Dynamo's tail TTFT.
 
     Args:
         overlap_score_credit, host_cache_hit_weight, disk_cache_hit_weight,
