@@ -76,7 +76,9 @@ def connect_segments(segments_dir: str | Path) -> duckdb.DuckDBPyConnection:
     for table, columns in SCHEMA.items():
         files = [str(segments_dir / table / name) for name in manifest["segments"].get(table, [])]
         if files:
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({files!r})")
+            # union_by_name: segments rolled before a column was added (LogStore.open adds new
+            # ones) read it as NULL instead of hiding it from every segment
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({files!r}, union_by_name = true)")
         else:
             ddl = ", ".join(f"{c.name} {c.sql_type}" for c in columns)
             con.execute(f"CREATE TABLE {table} ({ddl})")

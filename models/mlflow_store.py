@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvcost.models.predictors import FeatureSpecMismatch
 from kvcost.models.term_set import TermModelSet
 
 REGISTERED_MODEL = "kvcost-terms"
@@ -182,7 +183,10 @@ def promote(uri: str | None = None, version: str | None = None, force: bool = Fa
 
     Both versions are evaluated on the challenger's holdout rows. The gate: TTFT
     MAE and ``|coverage_90 − 0.9|`` each no worse than the champion's. ``force``
-    skips the gate and records ``reason`` (required) as a tag on the version.
+    skips the gate and records ``reason`` (required) as a tag on the version. A
+    champion trained under another feature spec cannot be loaded (the router
+    serves the analytic model meanwhile), so it counts as absent and the message
+    says so.
 
     Raises:
         LookupError: no such version / no challenger. ValueError: ``force`` without a reason.
@@ -199,9 +203,12 @@ def promote(uri: str | None = None, version: str | None = None, force: bool = Fa
     holdout = pd.read_parquet(Path(holdout_dir) / "holdout.parquet")
     challenger = _gate_figures(evaluate(_load_version(mlflow, version), holdout))
     champion_version = _alias_version(client, CHAMPION, missing_ok=True)
-    champion = None
+    champion, unloadable = None, ""
     if champion_version is not None:
-        champion = _gate_figures(evaluate(_load_version(mlflow, champion_version), holdout))
+        try:
+            champion = _gate_figures(evaluate(_load_version(mlflow, champion_version), holdout))
+        except FeatureSpecMismatch as exc:  # the router cannot load it either: it serves analytic
+            unloadable = f" (champion version {champion_version} cannot be loaded, so no gate: {exc})"
     passed = champion is None or (
         challenger["ttft_mae_s"] <= champion["ttft_mae_s"]
         and challenger["coverage_error"] <= champion["coverage_error"]
@@ -211,7 +218,7 @@ def promote(uri: str | None = None, version: str | None = None, force: bool = Fa
         if force and not passed:
             client.set_model_version_tag(REGISTERED_MODEL, version, "forced_promotion_reason", reason)
     verdict = "promoted" if passed else ("promoted by force: " + reason if force else "refused: worse than champion")
-    return Promotion(passed or force, version, challenger, champion, f"version {version} {verdict}")
+    return Promotion(passed or force, version, challenger, champion, f"version {version} {verdict}{unloadable}")
 
 
 def _gate_figures(evaluation: dict) -> dict:

@@ -116,7 +116,12 @@ def feature_matrix(frame: pd.DataFrame) -> np.ndarray:
 
 
 def error_metrics(predicted_s: np.ndarray, actual_s: np.ndarray) -> dict[str, float]:
-    """``mae_s``, ``p90_abs_error_s`` and ``mape`` (over actual > 100 ms; NaN if none) of one prediction."""
+    """``mae_s``, ``p90_abs_error_s`` and ``mape`` (over actual > 100 ms; NaN if none) of one prediction.
+
+    All three are NaN for no rows (a term that no holdout row observed).
+    """
+    if len(actual_s) == 0:
+        return {"mae_s": float("nan"), "p90_abs_error_s": float("nan"), "mape": float("nan")}
     err = np.abs(np.asarray(predicted_s, dtype=float) - np.asarray(actual_s, dtype=float))
     big = actual_s > MAPE_FLOOR_S
     mape = float(np.mean(err[big] / actual_s[big])) if big.any() else float("nan")
@@ -145,6 +150,10 @@ def prediction_block(db: str | Path, run_ids: Sequence[str], predictor: str = "l
 def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> TermModelSet:
     """Fit one ``predictor`` per term on ``split.train``, then the calibrators on ``split.calibration``.
 
+    A term is fitted on the training rows where it was observed (a live service's
+    ``/v1/observe`` may report TTFT alone; its other terms are logged as NULL); the
+    calibrators use TTFT, which every row has.
+
     The calibration slice is cut in two, in time order: the first half fits the
     isotonic recalibration of the composed TTFT, the second the split-conformal
     P50 / P90 bounds on the recalibrated values. Fitting both on the same rows
@@ -156,12 +165,18 @@ def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> T
     the MAE. The recalibration is therefore kept only if it lowers the MAE on the
     second half (recorded in ``metadata["isotonic"]``); on the conversation trace
     it did not (0.48 s raw vs 0.55 s recalibrated holdout MAE).
+
+    Raises:
+        ValueError: a term observed in no training row.
     """
     x_train = feature_matrix(split.train)
-    predictors = {
-        term: make_term_predictor(predictor, term, **params).fit(x_train, split.train[f"actual_{term}_s"].to_numpy())
-        for term in TERMS
-    }
+    predictors = {}
+    for term in TERMS:
+        known = _known(split.train, term)
+        if not known.any():
+            raise ValueError(f"actual_{term}_s is missing in all {len(known)} training rows; expected some observed")
+        target = split.train[f"actual_{term}_s"].to_numpy()[known]
+        predictors[term] = make_term_predictor(predictor, term, **params).fit(x_train[known], target)
     model_set = TermModelSet(predictors)
     iso_rows, conformal_rows = _halves(split.calibration)
     isotonic = IsotonicCalibrator().fit(
@@ -191,6 +206,11 @@ def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> T
     return model_set
 
 
+def _known(frame: pd.DataFrame, term: str) -> np.ndarray:
+    """bool ``(n,)``: rows whose actual ``term`` was observed (``/v1/observe`` may give TTFT alone)."""
+    return frame[f"actual_{term}_s"].notna().to_numpy()
+
+
 def _halves(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     half = len(frame) // 2
     if half < 2:
@@ -212,8 +232,9 @@ def evaluate(model_set: TermModelSet, holdout: pd.DataFrame) -> dict:
     actual = {t: holdout[f"actual_{t}_s"].to_numpy() for t in (*TERMS, "ttft")}
     out: dict = {"learned": {}, "analytic": {}, "rows": len(holdout)}
     for term in TERMS:
-        out["learned"][term] = error_metrics(getattr(learned, f"{term}_s"), actual[term])
-        out["analytic"][term] = error_metrics(getattr(analytic, f"{term}_s"), actual[term])
+        known = _known(holdout, term)
+        out["learned"][term] = error_metrics(getattr(learned, f"{term}_s")[known], actual[term][known])
+        out["analytic"][term] = error_metrics(getattr(analytic, f"{term}_s")[known], actual[term][known])
     out["learned"]["ttft"] = error_metrics(calibrated.p50_s, actual["ttft"])
     out["analytic"]["ttft"] = error_metrics(analytic.ttft_s, actual["ttft"])
     out["coverage_90"] = float(np.mean(actual["ttft"] <= calibrated.p90_s))

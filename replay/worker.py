@@ -178,6 +178,7 @@ class SimWorker:
         self.last_step_s = 0.0  # last finished step, as the router sees it
         self.last_step_nominal_s = 0.0
         self._step_s = (0.0, 0.0)  # (actual, nominal) of the step now running
+        self._step_start_s = 0.0
         self.prefill_busy_s = 0.0
         self.measure_from_s = 0.0
         self._chunks: list[tuple[SimRequest, int]] = []
@@ -193,7 +194,7 @@ class SimWorker:
         """Load as the router sees it at ``now_s``.
 
         Prefill tokens of the step now running are left out of ``waiting_prefill``
-        (their time is in ``step_remaining_s``); requests not yet admitted count
+        (their time is in ``step_remaining_s``, from the step's nominal time); requests not yet admitted count
         their remaining tokens net of the reuse the router predicted for them.
         """
         in_step = {id(r): n for r, n in self._chunks}  # being computed now: covered by step_remaining_s
@@ -224,10 +225,12 @@ class SimWorker:
         )
 
     def _step_remaining_s(self, now_s: float) -> float:
-        """Time left in the step now running; 0 when idle (an arrival restarts an idle-waiting worker)."""
+        """Time left in the step now running as the router can know it: its start + its nominal
+        time − now (not its true, jittered or slowed end), ≥ 0; 0 when idle (an arrival restarts
+        an idle-waiting worker)."""
         if self.step_end_s is None or self.idle_wait:
             return 0.0
-        return max(0.0, self.step_end_s - now_s)
+        return max(0.0, self._step_start_s + self._step_s[1] - now_s)
 
     def fork(self) -> SimWorker:
         """An independent copy of the worker's whole state, jitter stream included.
@@ -348,6 +351,7 @@ class SimWorker:
         nominal_s = self.step_model.step_s(num_tokens, flops, self.decode_context_tokens) + lookup_s
         step_s = (nominal_s - lookup_s) * self._next_jitter() * self._slowdown(now_s) + lookup_s
         self._step_s = (step_s, nominal_s)
+        self._step_start_s = now_s
         waiting_first_token = chunks or self.waiting or self.loading or self.fetching
         if waiting_first_token and now_s >= self.measure_from_s:
             self.prefill_busy_s += step_s

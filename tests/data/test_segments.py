@@ -82,3 +82,21 @@ def test_roll_is_incremental_and_atomic(tmp_path):
 def test_no_manifest_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no segments.json"):
         connect_segments(tmp_path)
+
+
+def test_a_column_added_after_earlier_segments_reads_as_null_there(tmp_path):
+    # an older kvcost rolled segment 0 without kv_usage; the current one rolled segment 1 with it
+    import json
+
+    import pandas as pd
+
+    (tmp_path / "worker_samples").mkdir()
+    pd.DataFrame({"run_id": ["a"], "t_s": [1.0]}).to_parquet(tmp_path / "worker_samples" / "0.parquet")
+    pd.DataFrame({"run_id": ["b"], "t_s": [2.0], "kv_usage": [0.5]}).to_parquet(
+        tmp_path / "worker_samples" / "1.parquet"
+    )
+    manifest = {"segments": {"worker_samples": ["0.parquet", "1.parquet"]}, "rows": {}}
+    (tmp_path / "segments.json").write_text(json.dumps(manifest))
+    with connect_segments(tmp_path) as con:
+        rows = con.execute("SELECT run_id, kv_usage FROM worker_samples ORDER BY t_s").fetchall()
+    assert rows == [("a", None), ("b", 0.5)]

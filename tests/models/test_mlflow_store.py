@@ -61,3 +61,20 @@ def test_round_trip_gate_and_force(store):
     assert forced.promoted and forced.message == "version 2 promoted by force: testing the override"
     versions = {v["version"]: v["aliases"] for v in mlflow_store.list_versions(uri)}
     assert versions == {"2": ["challenger", "champion"], "1": []}
+
+
+def test_a_champion_under_another_feature_spec_does_not_block_promotion(store, monkeypatch):
+    uri, _ = store
+    _register(store, rounds=50)
+    assert mlflow_store.promote(uri).promoted
+    # the spec changes (a new kvcost): version 1 can no longer be loaded, by the router or the gate
+    import kvcost.models.predictors.base as base
+    import kvcost.models.term_set as term_set
+
+    monkeypatch.setattr(term_set, "feature_spec_hash", lambda: "0123456789abcdef")
+    monkeypatch.setattr(base, "feature_spec_hash", lambda: "0123456789abcdef")
+    _register(store, rounds=50)
+    promoted = mlflow_store.promote(uri)
+    assert promoted.promoted and promoted.champion is None
+    assert promoted.message.startswith("version 2 promoted (champion version 1 cannot be loaded, so no gate: ")
+    assert mlflow_store.load_model_set(uri).metadata["feature_spec_hash"] == "0123456789abcdef"

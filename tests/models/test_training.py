@@ -116,3 +116,25 @@ def test_training_recovers_a_known_relation():
     assert ev["learned"]["ttft"]["mae_s"] < 0.1 * ev["analytic"]["ttft"]["mae_s"]
     assert 0.85 <= ev["coverage_90"] <= 0.95
     assert model_set.metadata["rows"] == {"train": 1200, "calibration": 600, "holdout": 1200}
+
+
+def test_rows_observed_with_ttft_alone_train_only_the_calibration():
+    """A live service may log TTFT without its terms (NULL): each term trains on the rows that have it."""
+    rng = np.random.default_rng(0)
+    n = 1000
+    x = np.zeros((n, len(FEATURE_NAMES)))
+    x[:, FEATURE_INDEX["nominal_queue_s"]] = rng.uniform(0, 2, n)
+    frame = pd.DataFrame(x, columns=list(FEATURE_NAMES))
+    for term in TERMS:
+        frame[f"actual_{term}_s"] = 0.0
+    frame["actual_queue_s"] = 2 * frame["nominal_queue_s"]
+    frame["actual_ttft_s"] = frame["actual_queue_s"]
+    frame["arrival_s"] = np.arange(n, dtype=float)
+    frame.loc[::2, [f"actual_{t}_s" for t in TERMS]] = np.nan  # every other row: TTFT only
+    split = split_by_time(frame)
+    ev = evaluate(train_term_set(split, "lightgbm", num_boost_round=100), split.holdout)
+    assert ev["learned"]["queue"]["mae_s"] < 0.05 and ev["rows"] == 400
+    frame.loc[:, "actual_prefill_s"] = np.nan
+    with pytest.raises(ValueError, match="actual_prefill_s is missing in all 400 training rows"):
+        train_term_set(split_by_time(frame), "lightgbm")
+    assert np.isnan(error_metrics(np.array([]), np.array([]))["mae_s"])

@@ -407,6 +407,10 @@ def test_recent_step_is_the_last_finished_step_not_the_running_one():
     end2 = worker.start_step(end1)
     assert end2 - end1 != approx(end1)
     assert worker.snapshot(end1).recent_step_s == end1
+    # the running step's time left is its nominal time, not its true (jittered, halved-speed) end
+    remaining_s = worker.snapshot(end1).step_remaining_s
+    worker.finish_step(end2)
+    assert remaining_s == approx(worker.last_step_nominal_s) and remaining_s < 0.8 * (end2 - end1)
 
 
 def test_prefill_busy_time_counts_steps_while_a_request_loads_its_prefix():
