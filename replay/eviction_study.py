@@ -61,23 +61,30 @@ LightGBM classifier boosted from the cure model's log-odds (init score) on
 hits and the reused prefix, idle age left to the cure model: A 1398.3, B 1924.5.
 
 Evaluation window (whole trace, split at 30 %; ``kvcost eviction-study
---jobs 2``, 104 s wall, 158 s on a busy machine), prefill seconds saved / token hit
-ratio / TTFT P99:
+--jobs 2``, 101 s wall), prefill seconds saved / token hit ratio / TTFT P99:
 
 ======== ======================= ======================= ======================= =======================
 fraction lru                     gdsf                    lhd                     cost_aware (cure)
 ======== ======================= ======================= ======================= =======================
-0.05     1812.4 / 16.9 % / 15.80 1890.0 / 16.0 % / 14.88 1779.4 / 16.4 % / 15.55 1848.0 / 15.6 % / 15.60
-0.1      2619.5 / 23.9 % / 15.17 2871.9 / 24.1 % / 13.60 2637.5 / 24.1 % / 14.94 2898.5 / 24.5 % / 14.16
-0.25     3765.4 / 32.6 % / 13.60 3647.0 / 30.8 % / 12.54 3691.0 / 32.0 % / 13.34 3737.5 / 31.6 % / 12.64
-0.5      3948.8 / 33.9 % / 12.36 3959.7 / 33.8 % / 12.79 3949.9 / 33.9 % / 12.85 3966.4 / 34.1 % / 13.16
+0.05     1828.7 / 16.9 % / 15.55 1949.2 / 16.5 % / 15.58 1876.2 / 17.3 % / 15.54 1784.2 / 15.2 % / 15.63
+0.1      2556.7 / 23.4 % / 15.01 2910.0 / 24.3 % / 13.65 2576.9 / 23.6 % / 15.02 2628.3 / 21.5 % / 13.51
+0.25     3748.5 / 32.4 % / 12.79 3733.6 / 31.4 % / 13.16 3635.0 / 31.5 % / 13.35 3774.5 / 31.8 % / 12.52
+0.5      3985.7 / 34.1 % / 12.30 4003.8 / 34.1 % / 12.66 3976.1 / 34.0 % / 13.14 4024.1 / 34.2 % / 12.91
 ======== ======================= ======================= ======================= =======================
 
-(lfu 1283.4 / 1813.4 / 3495.7 / 3925.0 s, flop_aware 1654.8 / 2765.1 /
-3758.2 / 3976.9 s.) At 10 %: cost_aware +10.6 % against lru (prior +8.5 %,
-lightgbm −0.8 %), gdsf +9.6 %; at the other sizes cost_aware is within ±2 %
-of lru. Seeds 1 and 2 at 10 % (lru / gdsf / cost_aware): 2598.0 / 2839.3 /
-2912.8 s and 2593.9 / 2904.5 / 2906.7 s, cost_aware +12.1 % both times.
+(lfu 1233.6 / 1737.0 / 3376.3 / 3975.8 s, flop_aware 1688.2 / 2795.6 /
+3726.5 / 3990.9 s.) At 10 %: cost_aware +2.8 % against lru (prior +9.5 %, lightgbm −8.0 %),
+gdsf +13.8 %. Seeds 1 and 2 at 10 % (lru / gdsf / cost_aware): 2609.6 /
+2832.7 / 2804.7 s and 2650.0 / 2923.7 / 2832.3 s, cost_aware +7.5 % and
++6.9 %. The validation replays above were run while the simulator showed the
+router each running step's true (jittered) end; with that leak fixed, the
+routing the study replays under changed, and so did these figures (before:
+cost_aware +10.6 % at 10 %, +12.1 % on seeds 1 and 2). On seed 0 the cure
+fit of the class reused share ≥ 0.8 went to π = 0.89, σ = 2.3: a gap
+distribution reaching far past the log's end, where the cure share is not
+identifiable. Constraining the gap's P95 to the longest follow-up was tried on
+validation windows (``--duration-s 1931``, seeds 0–2, 10 %): cost_aware 3244.1
+vs 3194.7 s unconstrained, lru 3195.9, gdsf 3226.0 — within noise, not adopted.
 
 Figures per run: token hit ratio; prefill seconds saved = Σ over measured
 requests of the GPU type's nominal prefill of the whole prompt minus the
