@@ -45,8 +45,8 @@ matched 300 at 0.05 (0.507 s vs 0.515 s) at a third of the predict time.
 TTFT MAE ratio (3 untiered replays, seeds 1 / 2 / 0: 0.543 → 0.538, 0.541 →
 0.529, 0.531 → 0.515) but raised the heterogeneous straggler fleet's
 (``--fleet a100:2,h100:2 --slowdown 1:0.6 --rate-scale 0.9``) from 0.427 to
-0.471; 100, 200 and 500 did no better on seeds 1 and 2 (measured before the
-simulator's step-time leaks were fixed).
+0.471; 100, 200 and 500 did no better on seeds 1 and 2 (those three measured
+on an earlier simulator).
 
 Saved as LightGBM's text model format (``model.txt``): no pickle, readable
 across LightGBM versions. LightGBM is imported on first fit/load, not with
