@@ -355,7 +355,11 @@ def eviction_study(
 
 
 MlflowOpt = Annotated[
-    str | None, typer.Option(help="MLflow tracking URI (default sqlite:///runs/mlflow.db, artifacts in runs/).")
+    str | None,
+    typer.Option(
+        help="MLflow tracking URI (default sqlite:///runs/mlflow.db; a SQLite store keeps its artifacts in "
+        "mlartifacts/ beside it)."
+    ),
 ]
 
 

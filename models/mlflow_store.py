@@ -15,7 +15,9 @@ Aliases: a new version becomes ``challenger``; :func:`promote` moves
 holdout, unless forced with a recorded reason.
 
 Default store: a local SQLite tracking database and an artifact folder under
-``runs/`` (no server). Review with::
+``runs/`` (no server). Another SQLite URI keeps its artifacts next to its
+database (``mlartifacts/`` beside the file); a tracking server keeps them where
+it is configured to. Review with::
 
     mlflow ui --backend-store-uri sqlite:///runs/mlflow.db
 """
@@ -34,7 +36,6 @@ from kvcost.models.term_set import TermModelSet
 REGISTERED_MODEL = "kvcost-terms"
 EXPERIMENT = "kvcost-training"
 DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
-DEFAULT_ARTIFACT_ROOT = Path("runs/mlartifacts")
 CHAMPION, CHALLENGER = "champion", "challenger"
 _PYFUNC_CODE = Path(__file__).with_name("mlflow_pyfunc.py")
 
@@ -71,10 +72,22 @@ def _client(uri: str | None):
     return MlflowClient(_mlflow(uri).get_tracking_uri())
 
 
-def _experiment_id(mlflow, artifact_root: Path) -> str:
+def artifact_root_for(uri: str | None) -> Path | None:
+    """Artifact folder of a new experiment: ``mlartifacts/`` beside a SQLite tracking database
+    (``runs/mlartifacts`` for the default store); None for any other store (a tracking server
+    or a ``file:`` store places them itself)."""
+    uri = uri or DEFAULT_TRACKING_URI
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///") :]).parent / "mlartifacts"
+
+
+def _experiment_id(mlflow, artifact_root: Path | None) -> str:
     exp = mlflow.get_experiment_by_name(EXPERIMENT)
     if exp is not None:
         return exp.experiment_id
+    if artifact_root is None:
+        return mlflow.create_experiment(EXPERIMENT)
     artifact_root.mkdir(parents=True, exist_ok=True)
     return mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_root.resolve().as_uri())
 
@@ -93,11 +106,14 @@ def log_and_register(
     holdout: pd.DataFrame,
     config: dict,
     uri: str | None = None,
-    artifact_root: Path = DEFAULT_ARTIFACT_ROOT,
+    artifact_root: Path | None = None,
 ) -> RegisteredVersion:
-    """Log one training run, register its model set as a new ``kvcost-terms`` version, alias it ``challenger``."""
+    """Log one training run, register its model set as a new ``kvcost-terms`` version, alias it ``challenger``.
+
+    ``artifact_root`` (only used when the experiment is created): default :func:`artifact_root_for` the URI.
+    """
     mlflow = _mlflow(uri)
-    experiment_id = _experiment_id(mlflow, artifact_root)
+    experiment_id = _experiment_id(mlflow, artifact_root or artifact_root_for(uri))
     with mlflow.start_run(experiment_id=experiment_id) as run, tempfile.TemporaryDirectory() as tmp:
         mlflow.set_tag("feature_spec_hash", model_set.metadata["feature_spec_hash"])
         mlflow.log_params(

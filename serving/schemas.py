@@ -23,6 +23,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
+from kvcost.serving.compatibility import parse_layout
+
 #: Candidates per request (the issue's limit).
 MAX_CANDIDATES = 256
 #: Tokens per request: ``input_tokens``, ``len(token_ids)``, ``len(block_hashes)``.
@@ -67,8 +69,14 @@ class NamespaceIn(BaseModel):
     block_size_tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_BLOCK_SIZE_TOKENS)] | None = Field(
         None, description="KV block size in tokens; null = the service's --block-size-tokens"
     )
-    kv_layout: Name = Field("bf16-tp1", description="KV dtype and tensor-parallel split")
+    kv_layout: Name = Field("bf16-tp1", description="KV dtype and tensor-parallel split, '<dtype>-tp<N>'")
     cache_salt: Name = Field("", description="per-tenant cache salt, empty for none")
+
+    @field_validator("kv_layout")
+    @classmethod
+    def _layout(cls, value: str) -> str:
+        parse_layout(value)  # ValueError names the field, the value and the form
+        return value
 
 
 class RequestIn(BaseModel):

@@ -68,7 +68,7 @@ from kvcost.models.composition import TERMS
 from kvcost.models.hardware import GPUS, MODELS, StepTimeModel
 from kvcost.models.term_set import TermModelSet
 from kvcost.serving.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, BlockHasher, PrefixHashCache
-from kvcost.serving.compatibility import serves
+from kvcost.serving.compatibility import parse_layout, serves
 from kvcost.serving.directory import CacheDirectory, Namespace
 from kvcost.serving.engine_metrics import parse_scrape_target
 from kvcost.serving.kv_subscriber import KVEventSource, KVEventSubscriber
@@ -221,9 +221,14 @@ class ServiceSettings(BaseModel):
         "per engine); their blocks fill the directory in the namespace of event_namespace()",
     )
     served_model_name: str | None = Field(
-        None, max_length=256, description="model name requests carry (vLLM --served-model-name); None = model"
+        None,
+        min_length=1,
+        max_length=256,
+        description="model name requests carry (vLLM --served-model-name); None = model",
     )
-    revision: str = Field("main", max_length=256, description="model revision of the engines (vLLM --revision)")
+    revision: str = Field(
+        "main", min_length=1, max_length=256, description="model revision of the engines (vLLM --revision)"
+    )
     kv_layout: str = Field("bf16-tp1", max_length=256, description="KV dtype and tensor-parallel split of the engines")
     scrape: list[str] = Field(
         default_factory=list,
@@ -260,6 +265,7 @@ class ServiceSettings(BaseModel):
                 f"reuse_model_dir = {str(self.reuse_model_dir)!r} is not a folder, expected one that kvcost "
                 "eviction-study wrote (OUT/reuse_models/fraction_*)"
             )
+        parse_layout(self.kv_layout)
         fed = [parse_kv_event_source(spec).worker_id for spec in self.kv_events]
         if len(set(fed)) != len(fed):
             raise ValueError(f"kv_events names worker ids {fed}; each worker may have one event stream")
@@ -291,6 +297,8 @@ def parse_kv_event_source(spec: str) -> KVEventSource:
     parts = endpoints.split(",")
     if not sep or not worker.strip().isdigit() or len(parts) > 2 or not all(map(_is_zmq_endpoint, parts)):
         raise ValueError(f"kv_events entry {spec!r}, {expected}")
+    if len(parts) == 2 and parts[0] == parts[1]:
+        raise ValueError(f"kv_events entry {spec!r} gives one endpoint for both sockets, {expected}")
     return KVEventSource(int(worker), parts[0], replay_endpoint=parts[1] if len(parts) == 2 else None)
 
 

@@ -78,3 +78,11 @@ def test_a_champion_under_another_feature_spec_does_not_block_promotion(store, m
     assert promoted.promoted and promoted.champion is None
     assert promoted.message.startswith("version 2 promoted (champion version 1 cannot be loaded, so no gate: ")
     assert mlflow_store.load_model_set(uri).metadata["feature_spec_hash"] == "0123456789abcdef"
+
+
+def test_artifacts_live_beside_a_sqlite_store_and_where_a_server_says():
+    from pathlib import Path
+
+    assert mlflow_store.artifact_root_for(None) == Path("runs/mlartifacts")
+    assert mlflow_store.artifact_root_for("sqlite:////tmp/x/mlflow.db") == Path("/tmp/x/mlartifacts")
+    assert mlflow_store.artifact_root_for("http://mlflow:5000") is None

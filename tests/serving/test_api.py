@@ -226,6 +226,7 @@ def _with(body, path, value):
         ),
         (("candidates", 0, "snapshot", "colour"), "red", ["candidates", 0, "snapshot", "colour"], "Extra inputs"),
         (("request", "namespace", "block_size_tokens"), 0, ["request", "namespace", "block_size_tokens"], "1"),
+        (("request", "namespace", "kv_layout"), "foo", ["request", "namespace", "kv_layout"], "'<dtype>-tp<N>'"),
         (("request", "block_hashes"), [1, 2], ["request"], "exactly one of token_ids or block_hashes"),
         (("request", "input_tokens"), 5, ["request"], "input_tokens = 5 but token_ids has 100 tokens"),
         (("candidates", 1, "worker_id"), 0, ["candidates"], "worker_id [0] listed more than once"),

@@ -132,6 +132,13 @@ def test_kv_event_entries_are_validated():
     ):
         with pytest.raises(ValueError, match=f"kv_events entry '{re.escape(bad)}', expected WORKER=tcp://HOST:PORT"):
             ServiceSettings(db_path="log.duckdb", kv_events=[bad])
+    with pytest.raises(ValueError, match="gives one endpoint for both sockets"):
+        ServiceSettings(db_path="log.duckdb", kv_events=["0=tcp://h:5557,tcp://h:5557"])
+    with pytest.raises(ValueError, match="kv_layout = 'foo', expected '<dtype>-tp<N>'"):
+        ServiceSettings(db_path="log.duckdb", kv_layout="foo")
+    for field in ("served_model_name", "revision"):
+        with pytest.raises(ValueError, match=field):
+            ServiceSettings(db_path="log.duckdb", **{field: ""})
     with pytest.raises(ValueError, match=r"kv_events names worker ids \[0, 0\]; each worker may have one event"):
         ServiceSettings(db_path="log.duckdb", kv_events=["0=tcp://a:5557", "0=tcp://b:5557"])
 
