@@ -217,7 +217,9 @@ def rank_nodes(policy: EvictionPolicy, nodes: NodeTable, now_s: float) -> Rankin
     last_access_s = nodes.last_access_s
     if policy.leaves_only and len(nodes):
         key = subtree_max(key, nodes.parent, nodes.depth_blocks)
-        last_access_s = subtree_max(last_access_s, nodes.parent, nodes.depth_blocks)
+        child = np.flatnonzero(nodes.parent >= 0)
+        if np.any(last_access_s[child] > last_access_s[nodes.parent[child]]):  # else it is its own subtree max
+            last_access_s = subtree_max(last_access_s, nodes.parent, nodes.depth_blocks)
     order = np.lexsort((-nodes.depth_blocks, last_access_s, key))  # stable: the row breaks the last ties
     return Ranking(order=order.astype(np.int64), terms=terms)
 
