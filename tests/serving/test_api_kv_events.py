@@ -70,13 +70,15 @@ def test_published_blocks_become_reusable_prefixes(tmp_path, context, options, n
     assert reuse_of(other) == [(0, 0, "none"), (1, 0, "none")]
 
 
-def test_a_lost_batch_is_asked_for_again_on_the_replay_socket(tmp_path, context):
-    engine = FakeEngine(context, replay=True)
+@pytest.mark.parametrize(
+    ("replay", "reusable_tokens", "stale"),
+    [(True, 12, False), (False, 4, True)],  # the lost batch asked for again / the worker flagged stale
+)
+def test_a_lost_batch_is_replayed_or_flags_the_worker_stale(tmp_path, context, replay, reusable_tokens, stale):
+    engine = FakeEngine(context, replay=replay)
+    source = f"1={engine.endpoint}" + (f",{engine.replay_endpoint}" if replay else "")
     settings = ServiceSettings(
-        db_path=tmp_path / "log.duckdb",
-        segment_roll_interval_s=0,
-        block_size_tokens=BLOCK,
-        kv_events=[f"1={engine.endpoint},{engine.replay_endpoint}"],
+        db_path=tmp_path / "log.duckdb", segment_roll_interval_s=0, block_size_tokens=BLOCK, kv_events=[source]
     )
     with TestClient(create_app(settings)) as client:
         subscriber = client.app.state.kv_subscriber
@@ -84,33 +86,13 @@ def test_a_lost_batch_is_asked_for_again_on_the_replay_socket(tmp_path, context)
         engine.publish(0, V010.EventBatch(100.0, [stored([11])], None))
         engine.publish(1, V010.EventBatch(100.0, [stored([12], parent=11)], None), send=False)
         engine.publish(2, V010.EventBatch(100.0, [stored([13], parent=12)], None))
-        assert engine.serve_one_replay() == 1
+        if replay:
+            assert engine.serve_one_replay() == 1
         wait_for(subscriber, 2)
         out = client.post("/v1/score", json=score_body({"model": "llama-3-8b", "block_size_tokens": BLOCK})).json()
     engine.close()
-    assert reuse_of(out) == [(0, 0, "none"), (1, 12, "gpu")]
-    assert [c["directory_stale"] for c in out["candidates"]] == [False, False]
-
-
-def test_a_lost_batch_without_a_replay_socket_marks_the_candidate_stale(tmp_path, context):
-    engine = FakeEngine(context)
-    settings = ServiceSettings(
-        db_path=tmp_path / "log.duckdb",
-        segment_roll_interval_s=0,
-        block_size_tokens=BLOCK,
-        kv_events=[f"1={engine.endpoint}"],
-    )
-    with TestClient(create_app(settings)) as client:
-        subscriber = client.app.state.kv_subscriber
-        engine.wait_subscribed()
-        engine.publish(0, V010.EventBatch(100.0, [stored([11])], None))
-        engine.publish(1, V010.EventBatch(100.0, [stored([12], parent=11)], None), send=False)
-        engine.publish(2, V010.EventBatch(100.0, [stored([13], parent=12)], None))
-        wait_for(subscriber, 2)
-        out = client.post("/v1/score", json=score_body({"model": "llama-3-8b", "block_size_tokens": BLOCK})).json()
-    engine.close()
-    assert reuse_of(out) == [(0, 0, "none"), (1, 4, "gpu")]
-    assert [c["directory_stale"] for c in out["candidates"]] == [False, True]
+    assert reuse_of(out) == [(0, 0, "none"), (1, reusable_tokens, "gpu")]
+    assert [c["directory_stale"] for c in out["candidates"]] == [False, stale]
 
 
 def test_kv_event_entries_are_validated():
