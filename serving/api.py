@@ -324,6 +324,7 @@ def kv_event_subscriber(settings: ServiceSettings, service: ScoringService) -> K
     namespace = settings.event_namespace()
     ingestor = KVEventIngestor(service.directory, lambda worker_id: namespace)
     sources = [parse_kv_event_source(spec) for spec in settings.kv_events]
+    ingestor.expect_workers(source.worker_id for source in sources)
     return KVEventSubscriber(ingestor, sources, clock=service.clock, lock=service.lock)
 
 

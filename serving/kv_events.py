@@ -310,8 +310,8 @@ class KVEventIngestor:
         >>> d.match(Namespace("m", block_size_tokens=16), [7, 8], [3], now_s=1.0)[0].reusable_blocks
         2
 
-    Counters: :attr:`worker_stats` per worker (created at a worker's first message),
-    :attr:`stats` their sum.
+    Counters: :attr:`worker_stats` per worker (created by :meth:`expect_workers` or at a
+    worker's first message), :attr:`stats` their sum.
 
     Thread safety: not thread-safe, like the directory; :class:`~kvcost.serving.kv_subscriber.KVEventSubscriber`
     calls it under its ``lock``. Time is passed in (``now_s``); nothing reads a clock.
@@ -338,6 +338,12 @@ class KVEventIngestor:
     def stats(self) -> IngestStats:
         """Counters summed over every worker (a new object; see :attr:`worker_stats` for each worker's)."""
         return IngestStats.total(self.worker_stats.values())
+
+    def expect_workers(self, worker_ids: Iterable[int]) -> None:
+        """Create zeroed counters for ``worker_ids``, so that a configured stream shows (as silent)
+        before its first message."""
+        for worker_id in worker_ids:
+            self._stats_of(worker_id)
 
     def _stats_of(self, worker_id: int) -> IngestStats:
         stats = self.worker_stats.get(worker_id)

@@ -95,6 +95,18 @@ def test_a_lost_batch_is_replayed_or_flags_the_worker_stale(tmp_path, context, r
     assert [c["directory_stale"] for c in out["candidates"]] == [False, stale]
 
 
+def test_a_configured_stream_shows_in_metrics_before_its_first_message(tmp_path, context):
+    engine = FakeEngine(context)
+    settings = ServiceSettings(
+        db_path=tmp_path / "log.duckdb", segment_roll_interval_s=0, kv_events=[f"3={engine.endpoint}"]
+    )
+    with TestClient(create_app(settings)) as client:
+        text = client.get("/metrics").text
+    engine.close()
+    assert 'kvcost_directory_staleness_seconds{worker="3"} +Inf' in text
+    assert 'kvcost_directory_stale{worker="3"} 0.0' in text
+
+
 def test_kv_event_entries_are_validated():
     assert parse_kv_event_source("3=tcp://127.0.0.1:5557") == KVEventSource(3, "tcp://127.0.0.1:5557")
     assert parse_kv_event_source("3=tcp://h:5557,tcp://h:5558") == KVEventSource(
