@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvcost.core.hardware import MODELS
 from kvcost.data.traces import BUNDLED_TRACES, TraceFormatError
-from kvcost.models.hardware import MODELS
 from kvcost.replay.experiment import Configuration
 from kvcost.replay.online import OnlineSettings
 from kvcost.replay.outputs import comparison_rows
@@ -37,7 +37,7 @@ from kvcost.replay.runner import (
     experiment_arms,
     prepare,
 )
-from kvcost.serving.policies import ROUTER_POLICIES
+from kvcost.routing.policies import ROUTER_POLICIES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 console = Console(soft_wrap=True)
@@ -545,7 +545,7 @@ def serve(
 
     from kvcost.models.mlflow_store import DEFAULT_TRACKING_URI
     from kvcost.serving.api import create_app
-    from kvcost.serving.service import ServiceSettings
+    from kvcost.serving.settings import ServiceSettings
 
     def build():
         try:

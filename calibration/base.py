@@ -2,7 +2,7 @@
 
 Every calibrator is registered by a permanent name in :data:`CALIBRATORS`
 (DESIGN.md §3, "Rules of the house"); a duplicate name is a ``ValueError``
-raised by :class:`~kvcost.registry.Registry`. Importing
+raised by :class:`~kvcost.core.registry.Registry`. Importing
 :mod:`kvcost.calibration` registers ``"isotonic"``
 (:class:`~kvcost.calibration.isotonic.IsotonicCalibrator`) and ``"conformal"``
 (:class:`~kvcost.calibration.conformal.SplitConformal`).
@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
 
-from kvcost.registry import Registry
+from kvcost.core.registry import Registry
 
 
 class Calibrator(Protocol):

@@ -49,7 +49,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from kvcost.models.composition import TERMS
+from kvcost.core.composition import TERMS
 
 #: Keys the monitor tracks: every TTFT term plus the composed ``"ttft"``.
 MONITORED_TERMS: tuple[str, ...] = (*TERMS, "ttft")

@@ -1,7 +1,7 @@
 """Isotonic recalibration of the composed TTFT.
 
 The per-term models are trained term by term, and their sum (or critical-path
-max, :mod:`kvcost.models.composition`) can be biased as a whole: overlapping
+max, :mod:`kvcost.core.composition`) can be biased as a whole: overlapping
 terms, correlated errors, a term that is missing. An isotonic regression of
 the actual TTFT on the predicted TTFT fixes such bias without changing the
 ranking of candidates: the map is non-decreasing, so a worker predicted to be

@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from kvcost.core.composition import TERMS
 from kvcost.features.spec import FEATURE_SPEC, feature_spec_hash
-from kvcost.models.composition import TERMS
 
 
 @dataclass(frozen=True, slots=True)

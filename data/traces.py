@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcost.registry import Registry
+from kvcost.core.registry import Registry
 
 __all__ = [
     "MISSING",

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvcost.core.hardware import StepTimeModel
+from kvcost.core.types import TIER_CODES
 from kvcost.features.nominal import NominalCosts, kv_wait_s, queue_and_prefill_s
-from kvcost.features.spec import FEATURE_NAMES, TIER_CODES
-from kvcost.models.hardware import StepTimeModel
+from kvcost.features.spec import FEATURE_NAMES
 
 if TYPE_CHECKING:
-    from kvcost.serving.directory import DirectoryMatch
-    from kvcost.serving.types import ReusePlan, RouteRequest, WorkerSnapshot
+    from kvcost.core.types import DirectoryMatch, ReusePlan, RouteRequest, WorkerSnapshot
 
 
 def build_features(

@@ -1,7 +1,7 @@
 """Feature rows of idle cached blocks for the reuse classifier (:data:`EVICTION_FEATURE_SPEC`).
 
 One builder serves training (rows rebuilt from the block access history) and
-scoring (rows of a :class:`~kvcost.serving.eviction.base.NodeTable` at
+scoring (rows of a :class:`~kvcost.eviction.base.NodeTable` at
 ``now_s``), so both see the same columns in the same order.
 """
 
@@ -45,7 +45,7 @@ def eviction_feature_matrix(
 
 
 def eviction_features(nodes, now_s: float) -> np.ndarray:
-    """Rows for the idle blocks of a :class:`~kvcost.serving.eviction.base.NodeTable` at ``now_s``."""
+    """Rows for the idle blocks of a :class:`~kvcost.eviction.base.NodeTable` at ``now_s``."""
     return eviction_feature_matrix(
         nodes.depth_blocks,
         nodes.hits,

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcost.models.hardware import StepTimeModel
-from kvcost.models.links import CPU_TO_GPU, DISK_TO_CPU, NETWORK, LinkSpec
+from kvcost.core.hardware import StepTimeModel
+from kvcost.core.links import CPU_TO_GPU, DISK_TO_CPU, NETWORK, LinkSpec
 
 #: Prefix lookup + block allocation fixed cost per request (assumption, ~0.2 ms of scheduler CPU).
 DEFAULT_LOOKUP_BASE_S = 2e-4
@@ -44,7 +44,7 @@ class NominalCosts:
         lookup_base_s, lookup_per_block_s: prefix lookup and preparation, seconds.
         first_token_s: sampling, detokenisation and network after the last chunk, seconds.
         expected_decode_tokens: remaining output tokens of a decoding request (≥ 0).
-        cpu_to_gpu, disk_to_cpu, network: the links KV moves over (``kvcost.models.links``).
+        cpu_to_gpu, disk_to_cpu, network: the links KV moves over (``kvcost.core.links``).
     """
 
     lookup_base_s: float = DEFAULT_LOOKUP_BASE_S

@@ -34,9 +34,6 @@ class Feature:
     description: str
 
 
-#: Tier codes used by ``reusable_tier`` (DESIGN.md §2 tiers); 0 means no reusable prefix.
-TIER_CODES: dict[str, int] = {"none": 0, "gpu": 1, "cpu": 2, "disk": 3, "remote": 4}
-
 FEATURE_SPEC: tuple[Feature, ...] = (
     # request
     Feature("input_tokens", "BIGINT", "tokens", "request: prompt length"),

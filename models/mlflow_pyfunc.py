@@ -10,8 +10,8 @@ one column per term (seconds) plus ``ttft_s``, ``ttft_p50_s`` and ``ttft_p90_s``
 import mlflow
 import pandas as pd
 
+from kvcost.core.composition import TERMS
 from kvcost.features.spec import FEATURE_NAMES
-from kvcost.models.composition import TERMS
 from kvcost.models.term_set import TermModelSet
 
 

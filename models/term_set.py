@@ -18,8 +18,8 @@ import numpy as np
 
 from kvcost.calibration.conformal import SplitConformal
 from kvcost.calibration.isotonic import IsotonicCalibrator
+from kvcost.core.composition import TERMS, CalibratedTTFT, TermPredictions
 from kvcost.features.spec import feature_spec_hash
-from kvcost.models.composition import TERMS, CalibratedTTFT, TermPredictions
 from kvcost.models.predictors import FeatureSpecMismatch, TermPredictor, load_term_predictor, make_term_predictor
 
 

@@ -19,7 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from kvcost.models.composition import TERMS  # noqa: E402
+from kvcost.core.composition import TERMS  # noqa: E402
+from kvcost.core.reporting import markdown_table, write_json  # noqa: E402
 from kvcost.models.mlflow_store import DEFAULT_TRACKING_URI, log_and_register  # noqa: E402
 from kvcost.models.term_set import TermModelSet  # noqa: E402
 from kvcost.models.training import (  # noqa: E402
@@ -29,7 +30,6 @@ from kvcost.models.training import (  # noqa: E402
     split_by_time,
     train_term_set,
 )
-from kvcost.reporting import markdown_table, write_json  # noqa: E402
 
 
 @dataclass(frozen=True)

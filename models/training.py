@@ -23,9 +23,9 @@ import pandas as pd
 
 from kvcost.calibration.conformal import SplitConformal
 from kvcost.calibration.isotonic import IsotonicCalibrator
+from kvcost.core.composition import TERMS
 from kvcost.data.segments import connect_segments
 from kvcost.features.spec import FEATURE_NAMES, feature_spec_hash
-from kvcost.models.composition import TERMS
 from kvcost.models.predictors import make_term_predictor
 from kvcost.models.term_set import TermModelSet
 

@@ -27,7 +27,7 @@ from kvcost.replay.config import ClusterConfig
 from kvcost.replay.experiment import replay
 from kvcost.replay.metrics import summarise
 from kvcost.replay.online import OnlineSettings
-from kvcost.serving.router import RouterSettings
+from kvcost.routing.router import RouterSettings
 
 #: The production routers kvcost is measured against (DESIGN.md §7), in report order.
 BASELINES: tuple[str, ...] = (

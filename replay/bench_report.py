@@ -10,9 +10,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from kvcost.core.reporting import markdown_table, write_json  # noqa: E402
 from kvcost.replay.bench import BASELINES, KVCOST_POLICIES, best_baseline  # noqa: E402
 from kvcost.replay.outputs import format_value  # noqa: E402
-from kvcost.reporting import markdown_table, write_json  # noqa: E402
 
 _COLUMNS = (
     ("ttft_p50_s", "TTFT P50 (s)"),

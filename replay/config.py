@@ -6,10 +6,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from kvcost.models.hardware import DEFAULT_GPU_MEMORY_UTILIZATION, GPUS, MODELS
+from kvcost.core.hardware import DEFAULT_GPU_MEMORY_UTILIZATION, GPUS, MODELS
+from kvcost.eviction import EVICTION_POLICIES
 from kvcost.replay.tiers import TierConfig
-from kvcost.serving.eviction import EVICTION_POLICIES
-from kvcost.serving.router import RouterSettings
+from kvcost.routing.router import RouterSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class ClusterConfig:
     """Everything that defines one simulated cluster run.
 
     Attributes:
-        model: model name (``kvcost.models.hardware.MODELS``).
+        model: model name (``kvcost.core.hardware.MODELS``).
         fleet: GPU type per worker, e.g. ``("a100", "a100", "h100", "h100")``.
         token_budget: tokens per continuous-batching step (vLLM ``max_num_batched_tokens``; default 8192).
         cache_enabled: prefix cache on or off.
@@ -49,7 +49,7 @@ class ClusterConfig:
         tiers: CPU / disk tiers per worker and a shared remote store behind the GPU
             pools (``kvcost.replay.tiers``); None = GPU only.
         eviction_policy: registered KV eviction policy of every worker's pool
-            (``kvcost.serving.eviction``; default ``lru``, vLLM's order).
+            (``kvcost.eviction``; default ``lru``, vLLM's order).
     """
 
     model: str = "llama-3-8b"

@@ -48,7 +48,7 @@ beyond ~500 s are never seen in A or B and its P(reuse) stays flat there (0.42
 for a continuing conversation idle 50 min, above a fresh first turn's 0.27);
 the cure model's survival likelihood uses every idle period, censored ones
 included, and lets P fall with the silence. Index fix: a re-rank re-scores
-every idle block, not only the leaves (``serving/eviction/index.py``); before,
+every idle block, not only the leaves (``eviction/index.py``); before,
 a parent exposed by an eviction kept its value from idle age 0, so the
 time-varying policies trimmed one block off many chains instead of finishing
 the coldest chain (on the evaluation below, at 10 %: prior −9.5 % → +8.5 %,
@@ -112,9 +112,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from kvcost.core.hardware import StepTimeModel  # noqa: E402
+from kvcost.core.reporting import markdown_table, write_json  # noqa: E402
 from kvcost.data.store import LogStore  # noqa: E402
 from kvcost.data.traces import Trace, load_trace  # noqa: E402
-from kvcost.models.hardware import StepTimeModel  # noqa: E402
+from kvcost.eviction import EVICTION_POLICIES, EvictionContext  # noqa: E402
 from kvcost.models.reuse import (  # noqa: E402
     STUDY_FEATURES,
     STUDY_PARAMS,
@@ -128,8 +130,6 @@ from kvcost.models.reuse_cure import CURE_FILE, CureReuseModel  # noqa: E402
 from kvcost.replay.config import ClusterConfig  # noqa: E402
 from kvcost.replay.metrics import summarise  # noqa: E402
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult  # noqa: E402
-from kvcost.reporting import markdown_table, write_json  # noqa: E402
-from kvcost.serving.eviction import EVICTION_POLICIES, EvictionContext  # noqa: E402
 
 #: Policies in report order.
 STUDY_POLICIES: tuple[str, ...] = ("lru", "lfu", "gdsf", "lhd", "flop_aware", "cost_aware")

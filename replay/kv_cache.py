@@ -9,8 +9,8 @@ Mechanism follows vLLM v1 (``vllm/v1/core/block_pool.py`` and
 * a cached block has a reference count; only idle blocks (refcount 0) may be
   evicted; blocks of running requests never are. By default (``lru``) the
   least recently freed goes first; another registered eviction policy
-  (:mod:`kvcost.serving.eviction`) ranks idle leaves through an
-  :class:`~kvcost.serving.eviction.index.EvictionIndex`;
+  (:mod:`kvcost.eviction`) ranks idle leaves through an
+  :class:`~kvcost.eviction.index.EvictionIndex`;
 * when a request finishes its blocks are freed in *reverse* order, so the tail
   of a prefix is evicted before its head (vLLM frees ``reversed(blocks)``).
 
@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvcost.serving.eviction.index import EvictionIndex
+from kvcost.eviction.index import EvictionIndex
 
 #: Columns of one access-history row: time (s), block hash, event, depth (0-based, blocks), the
 #: full prompt blocks of the request involved, and how many of its leading blocks that request found

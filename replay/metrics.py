@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvcost.core.types import reusable_tokens_for
 from kvcost.data.traces import Trace
 from kvcost.replay.simulator import ReplayResult
-from kvcost.serving.directory import reusable_tokens_for
 
 #: Keys of one configuration's summary, in report order.
 SUMMARY_KEYS: tuple[str, ...] = (

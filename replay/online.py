@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from kvcost.calibration.drift import DriftMonitor
+from kvcost.core.composition import TERMS
 from kvcost.features.spec import FEATURE_NAMES
-from kvcost.models.composition import TERMS
 from kvcost.models.term_set import TermModelSet
 from kvcost.models.training import ACTUAL_COLUMNS, TimeSplit, train_term_set
 

@@ -14,10 +14,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
+from kvcost.core.reporting import markdown_table  # noqa: E402
 from kvcost.data.store import LogStore  # noqa: E402
 from kvcost.replay.metrics import SERVED_BY, SUMMARY_KEYS  # noqa: E402
 from kvcost.replay.simulator import ReplayResult  # noqa: E402
-from kvcost.reporting import markdown_table  # noqa: E402
 
 
 def log_replay(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 
+from kvcost.core.reporting import write_json
 from kvcost.data.segments import roll_segments, segments_dir_for
 from kvcost.data.store import LogStore
 from kvcost.data.traces import Trace, load_trace
@@ -42,8 +43,7 @@ from kvcost.replay.metrics import infinite_cache_hit_ratio, p99_by_window
 from kvcost.replay.online import OnlineSettings
 from kvcost.replay.outputs import log_replay, plot_queues, plot_ttft_cdf, write_report_md
 from kvcost.replay.simulator import ReplayResult
-from kvcost.reporting import write_json
-from kvcost.serving.policies import ROUTER_POLICIES
+from kvcost.routing.policies import ROUTER_POLICIES
 
 _log = logging.getLogger(__name__)
 

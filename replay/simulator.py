@@ -1,7 +1,7 @@
 """Trace-replay cluster simulator: a deterministic discrete-event loop over simulated workers.
 
-The loop embeds the production :class:`~kvcost.serving.router.Router` and
-:class:`~kvcost.serving.directory.CacheDirectory` (DESIGN.md §3: no second
+The loop embeds the production :class:`~kvcost.routing.router.Router` and
+:class:`~kvcost.routing.directory.CacheDirectory` (DESIGN.md §3: no second
 copy of routing logic). Time is the simulation clock, advanced only by
 events: trace arrivals, worker step ends and periodic load samples. Same
 trace, configuration and seed → identical results.
@@ -22,21 +22,21 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from kvcost.core.composition import TERMS
+from kvcost.core.hardware import StepTimeModel
+from kvcost.core.types import REMOTE_STORE_ID, Namespace, ReusePlan, RouteDecision, RouteRequest
 from kvcost.data.traces import Trace
+from kvcost.eviction import EvictionContext, block_cost_table
+from kvcost.eviction.index import make_eviction_index
 from kvcost.features.spec import FEATURE_NAMES
-from kvcost.models.composition import TERMS
-from kvcost.models.hardware import StepTimeModel
 from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.kv_cache import BLOCK_EVENT_COLUMNS, BlockPool
 from kvcost.replay.online import OnlineLearner, OnlineSettings
 from kvcost.replay.tiers import TierCache, WorkerTiers
 from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
-from kvcost.serving.directory import REMOTE_STORE_ID, CacheDirectory, Namespace
-from kvcost.serving.eviction import EvictionContext, block_cost_table
-from kvcost.serving.eviction.index import make_eviction_index
-from kvcost.serving.router import Router
-from kvcost.serving.types import ReusePlan, RouteDecision, RouteRequest
+from kvcost.routing.directory import CacheDirectory
+from kvcost.routing.router import Router
 
 PRED_COLUMNS: tuple[str, ...] = tuple(f"pred_{t}_s" for t in TERMS) + ("pred_ttft_s",)
 ACTUAL_COLUMNS: tuple[str, ...] = tuple(f"actual_{t}_s" for t in TERMS) + ("actual_ttft_s",)

@@ -15,7 +15,7 @@ are asynchronous copies in the device-to-host direction, while loads use the
 host-to-device direction of the full-duplex PCIe link (an assumption: LMCache
 overlaps stores with compute).
 
-Link speeds are in :mod:`kvcost.models.links`. Default capacities (assumptions):
+Link speeds are in :mod:`kvcost.core.links`. Default capacities (assumptions):
 128 GiB of CPU DRAM and 1 TiB of disk per worker (a DGX H100 has 2 TB DRAM and
 30 TB NVMe for 8 GPUs), a 4 TiB shared remote store.
 """
@@ -27,8 +27,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvcost.models.hardware import GIB_BYTES
-from kvcost.models.links import CPU_TO_GPU, DISK_TO_CPU, NETWORK, LinkSpec
+from kvcost.core.hardware import GIB_BYTES
+from kvcost.core.links import CPU_TO_GPU, DISK_TO_CPU, NETWORK, LinkSpec
 
 #: Lower tiers of a worker, fastest first (names of ``features.spec.TIER_CODES``).
 LOCAL_TIERS: tuple[str, ...] = ("cpu", "disk")

@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvcost.core.hardware import StepTimeModel
+from kvcost.core.types import WorkerSnapshot, reusable_tokens_for
 from kvcost.features.nominal import DEFAULT_FIRST_TOKEN_S, NominalCosts
-from kvcost.models.hardware import StepTimeModel
 from kvcost.replay.kv_cache import Allocation, BlockPool
 from kvcost.replay.tiers import WorkerTiers
-from kvcost.serving.directory import reusable_tokens_for
-from kvcost.serving.types import WorkerSnapshot
 
 _JITTER_BATCH = 4096
 

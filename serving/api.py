@@ -45,10 +45,11 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.models.reuse import load_reuse_model
-from kvcost.serving.engine_metrics import EngineMetricsScraper, parse_scrape_target
-from kvcost.serving.eviction.wire import rank_request
-from kvcost.serving.kv_events import KVEventIngestor
-from kvcost.serving.kv_subscriber import KVEventSubscriber
+from kvcost.serving.engines.engine_metrics import EngineMetricsScraper, parse_scrape_target
+from kvcost.serving.engines.kv_events import KVEventIngestor
+from kvcost.serving.engines.kv_subscriber import KVEventSubscriber
+from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError, UnknownRequestError
+from kvcost.serving.eviction_wire import rank_request
 from kvcost.serving.schemas import (
     MAX_ID,
     EvictRankIn,
@@ -65,16 +66,8 @@ from kvcost.serving.schemas import (
     SnapshotAck,
     SnapshotIn,
 )
-from kvcost.serving.service import (
-    ConflictError,
-    FieldError,
-    LogUnavailableError,
-    ScoringService,
-    ServiceSettings,
-    UnknownRequestError,
-    parse_kv_event_source,
-    read_token,
-)
+from kvcost.serving.service import ScoringService
+from kvcost.serving.settings import ServiceSettings, parse_kv_event_source, read_token
 
 API_VERSION = "1"
 

@@ -40,8 +40,8 @@ The ``kvcost_kv_*`` counters and the ``kvcost_directory_*``,
 ``kvcost_snapshot_age_seconds`` and ``kvcost_decisions_in_memory`` gauges are
 read from the service's state at scrape time (:meth:`ServiceMetrics.watch_state`;
 the KV-event counters are the ingestor's per-worker
-:class:`~kvcost.serving.kv_events.IngestStats`); the scraper of
-:mod:`kvcost.serving.engine_metrics` counts into the ``kvcost_engine_*`` metrics.
+:class:`~kvcost.serving.engines.kv_events.IngestStats`); the scraper of
+:mod:`kvcost.serving.engines.engine_metrics` counts into the ``kvcost_engine_*`` metrics.
 
 Thread safety: prometheus-client metrics are thread-safe; the state callback
 runs in the scraping thread (the event loop).
@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from kvcost.models.composition import TERMS
-from kvcost.serving.kv_events import IngestStats
+from kvcost.core.composition import TERMS
+from kvcost.serving.engines.kv_events import IngestStats
 
 #: ``reason_kind`` label values kept; any further kind is counted as ``other`` (bounded cardinality).
 MAX_REASON_KINDS = 64

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
-from kvcost.serving.compatibility import parse_layout
+from kvcost.routing.compatibility import parse_layout
 
 #: Candidates per request (the issue's limit).
 MAX_CANDIDATES = 256
@@ -120,7 +120,7 @@ class RequestIn(BaseModel):
 
 
 class SnapshotIn(BaseModel):
-    """Load of one worker (fields of :class:`kvcost.serving.types.WorkerSnapshot`, same units)."""
+    """Load of one worker (fields of :class:`kvcost.core.types.WorkerSnapshot`, same units)."""
 
     model_config = _IN
 
@@ -356,7 +356,7 @@ class EvictRankIn(BaseModel):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
-        from kvcost.serving.eviction import EVICTION_POLICIES
+        from kvcost.eviction import EVICTION_POLICIES
 
         if value not in EVICTION_POLICIES:
             raise ValueError(f"unknown eviction policy {value!r}, expected one of {', '.join(EVICTION_POLICIES)}")

@@ -1,7 +1,7 @@
 """The scoring service: the state the HTTP API works on (router, directory, snapshots, decisions, log, metrics).
 
 One :class:`ScoringService` per app. It wraps the embedded
-:class:`~kvcost.serving.router.Router` (the same object the simulator embeds)
+:class:`~kvcost.routing.router.Router` (the same object the simulator embeds)
 with what a live service needs:
 
 * **snapshots**: the last load snapshot pushed per worker, used for candidates
@@ -45,10 +45,7 @@ also hold.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import ipaddress
 import logging
-import queue
 import threading
 import time
 import uuid
@@ -56,27 +53,25 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kvcost.core.composition import TERMS
+from kvcost.core.hardware import GPUS, StepTimeModel
+from kvcost.core.types import Namespace, RouteDecision, RouteRequest, WorkerSnapshot
+from kvcost.data.log_writer import LogUnavailableError, LogWriter
 from kvcost.data.store import LogStore
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_SPEC, feature_spec_hash
-from kvcost.models.composition import TERMS
-from kvcost.models.hardware import GPUS, MODELS, StepTimeModel
 from kvcost.models.term_set import TermModelSet
-from kvcost.serving.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS, BlockHasher, PrefixHashCache
-from kvcost.serving.compatibility import parse_layout, serves
-from kvcost.serving.directory import CacheDirectory, Namespace
-from kvcost.serving.engine_metrics import parse_scrape_target
-from kvcost.serving.kv_subscriber import KVEventSource, KVEventSubscriber
+from kvcost.routing.block_hash import DEFAULT_HASH_ALGORITHM, BlockHasher, PrefixHashCache
+from kvcost.routing.compatibility import serves
+from kvcost.routing.directory import CacheDirectory
+from kvcost.routing.router import Router, RouterSettings
+from kvcost.serving.engines.kv_subscriber import KVEventSubscriber
+from kvcost.serving.errors import ConflictError, FieldError, UnknownRequestError
 from kvcost.serving.metrics import ServiceMetrics, StateSample
-from kvcost.serving.policies import ROUTER_POLICIES
-from kvcost.serving.router import Router, RouterSettings
 from kvcost.serving.schemas import (
-    MAX_BLOCK_SIZE_TOKENS,
     CandidateScore,
     ModelsResponse,
     ModelStatusOut,
@@ -90,12 +85,10 @@ from kvcost.serving.schemas import (
     SnapshotIn,
     TermsOut,
 )
-from kvcost.serving.types import RouteDecision, RouteRequest, WorkerSnapshot
+from kvcost.serving.settings import ServiceSettings
 
 _log = logging.getLogger(__name__)
 
-#: Policies that need inputs only a replay has (``oracle`` reads the simulator's true TTFT).
-REPLAY_ONLY_POLICIES = frozenset({"oracle"})
 #: ``runs.configuration`` of the service's runs.
 SERVE_CONFIGURATION = "serve"
 #: Predicted / actual columns in ``requests`` order: the five terms, then TTFT.
@@ -117,7 +110,7 @@ def block_hashes_for(
 ) -> tuple[int, ...]:
     """The block hashes a vLLM engine publishes for ``token_ids`` sent in ``namespace``; the service's token hasher.
 
-    vLLM's chaining (:mod:`kvcost.serving.block_hash`): the namespace's adapter
+    vLLM's chaining (:mod:`kvcost.routing.block_hash`): the namespace's adapter
     is the LoRA name vLLM puts in every block's extra keys, its cache salt goes
     in the first block's; ``algorithm`` and ``hash_seed`` are the engines'
     ``--prefix-caching-hash-algo`` and ``PYTHONHASHSEED``. Model, revision and
@@ -128,7 +121,7 @@ def block_hashes_for(
         token_ids: prompt token ids, each in ``[0, 2**32)``.
         block_size_tokens: tokens per block (≥ 1).
         namespace: the request's KV namespace.
-        algorithm: one of :data:`kvcost.serving.block_hash.HASH_ALGORITHMS`.
+        algorithm: one of :data:`kvcost.routing.block_hash.HASH_ALGORITHMS`.
         hash_seed: the engines' ``PYTHONHASHSEED`` string.
         cache: digests of blocks already hashed (shared prefixes are hashed once); None = none.
 
@@ -141,210 +134,6 @@ def block_hashes_for(
     extra_keys = (namespace.adapter,) if namespace.adapter else ()
     hasher = BlockHasher(block_size_tokens, hash_seed, algorithm, cache)
     return tuple(hasher.hashes(token_ids, extra_keys, namespace.cache_salt or None))
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1); False for any other name or address."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class ServiceSettings(BaseModel):
-    """Configuration of ``kvcost serve`` (the CLI options map one to one).
-
-    Refuses an unsafe setup: a non-loopback ``host`` without ``token_file``
-    leaves the write endpoints open to the network, and is accepted only with
-    ``insecure=True``.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    db_path: Path = Field(description="DuckDB log the service appends to (it holds the write lock)")
-    mlflow_uri: str | None = Field(None, description="MLflow tracking URI of the champion; None = analytic only")
-    token_file: Path | None = Field(None, description="file holding the bearer token of the write endpoints")
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    insecure: bool = Field(False, description="allow a non-loopback host without a token")
-    model: str = Field("llama-3-8b", description="served model's hardware profile (kvcost.models.hardware.MODELS)")
-    gpu_default: str = Field("a100", description="GPU type of a snapshot that names none")
-    block_size_tokens: int = Field(
-        512, ge=1, le=MAX_BLOCK_SIZE_TOKENS, description="block size of a namespace without one"
-    )
-    policy: str = Field("learned_cost_aware", description="router policy (ROUTER_POLICIES)")
-    tiers: bool = Field(
-        False,
-        description="count prefixes the engines hold in CPU / disk tiers (KV events with medium CPU, ...) as "
-        "reusable, paying their load time in L (engines with an offloading connector such as LMCache)",
-    )
-    reuse_model_dir: Path | None = Field(
-        None,
-        description="folder of a saved P(reuse) model (kvcost eviction-study writes one per cache size under "
-        "reuse_models/): POST /v1/evict/rank's cost_aware uses it and its H; None = the recency prior",
-    )
-    max_body_bytes: int = Field(16 * 2**20, ge=1024, description="larger request bodies get 413")
-    max_decisions: int = Field(100_000, ge=1, description="decisions kept in memory for /v1/observe (LRU)")
-    max_workers: int = Field(65_536, ge=1, description="workers with a pushed snapshot")
-    max_queued_writes: int = Field(100_000, ge=1, description="log writes queued before writes are refused")
-    decision_linger_s: float = Field(
-        0.05, ge=0, le=10, description="decisions wait up to this long to be committed together"
-    )
-    model_load_timeout_s: float = Field(60.0, gt=0, description="champion load / registry listing timeout")
-    segment_roll_interval_s: float = Field(
-        60.0, ge=0, description="roll the log into Parquet segments for readers (kvcost retrain) this often; 0 = never"
-    )
-    run_id: str | None = Field(None, max_length=128, description="log run id; None = serve-<UTC time>-<random>")
-    hash_algorithm: str = Field(
-        DEFAULT_HASH_ALGORITHM,
-        description="the engines' --prefix-caching-hash-algo: token ids are hashed as they hash them "
-        f"({', '.join(HASH_ALGORITHMS)}; vLLM's default is {DEFAULT_HASH_ALGORITHM})",
-    )
-    hash_seed: str = Field(
-        "0",
-        max_length=256,
-        description="the engines' PYTHONHASHSEED (vLLM seeds its block-hash chain with it; engines without "
-        "one hash from a random seed, and no router can match their blocks from token ids)",
-    )
-    hash_cache_blocks: int = Field(
-        16_384,
-        ge=0,
-        le=2**24,
-        description="block digests kept so that shared prefixes are hashed once (LRU; about 150 + 4 × block "
-        "size bytes each); 0 = no cache",
-    )
-    kv_events: list[str] = Field(
-        default_factory=list,
-        description="vLLM KV event streams, WORKER=tcp://HOST:PORT[,tcp://HOST:PORT of its replay socket] (one "
-        "per engine); their blocks fill the directory in the namespace of event_namespace()",
-    )
-    served_model_name: str | None = Field(
-        None,
-        min_length=1,
-        max_length=256,
-        description="model name requests carry (vLLM --served-model-name); None = model",
-    )
-    revision: str = Field(
-        "main", min_length=1, max_length=256, description="model revision of the engines (vLLM --revision)"
-    )
-    kv_layout: str = Field("bf16-tp1", max_length=256, description="KV dtype and tensor-parallel split of the engines")
-    scrape: list[str] = Field(
-        default_factory=list,
-        description="engines' Prometheus endpoints, WORKER=http://HOST:PORT/metrics (vLLM or SGLang); each "
-        "scrape becomes the worker's snapshot, as a POST /v1/workers/WORKER/snapshot would",
-    )
-    scrape_interval_s: float = Field(1.0, gt=0, le=3600, description="time between two scrapes of every engine")
-    scrape_timeout_s: float = Field(1.0, gt=0, le=60, description="limit of one scrape's HTTP request")
-
-    def event_namespace(self) -> Namespace:
-        """Namespace of the blocks the KV event streams report: a request reuses them only if its
-        namespace (model, revision, adapter, block size, KV layout) is this one (an adapter's own
-        blocks: the same with the event's ``lora_name``)."""
-        return Namespace(
-            self.served_model_name or self.model,
-            revision=self.revision,
-            block_size_tokens=self.block_size_tokens,
-            kv_layout=self.kv_layout,
-        )
-
-    @model_validator(mode="after")
-    def _check(self) -> ServiceSettings:
-        if self.model not in MODELS:
-            raise ValueError(f"model = {self.model!r}, expected one of {', '.join(MODELS.names())}")
-        if self.gpu_default not in GPUS:
-            raise ValueError(f"gpu_default = {self.gpu_default!r}, expected one of {', '.join(GPUS.names())}")
-        usable = [p for p in ROUTER_POLICIES.names() if p not in REPLAY_ONLY_POLICIES]
-        if self.policy not in usable:
-            raise ValueError(f"policy = {self.policy!r}, expected one of {', '.join(usable)}")
-        if self.hash_algorithm not in HASH_ALGORITHMS:
-            raise ValueError(f"hash_algorithm = {self.hash_algorithm!r}, expected one of {', '.join(HASH_ALGORITHMS)}")
-        if self.reuse_model_dir is not None and not self.reuse_model_dir.is_dir():
-            raise ValueError(
-                f"reuse_model_dir = {str(self.reuse_model_dir)!r} is not a folder, expected one that kvcost "
-                "eviction-study wrote (OUT/reuse_models/fraction_*)"
-            )
-        parse_layout(self.kv_layout)
-        fed = [parse_kv_event_source(spec).worker_id for spec in self.kv_events]
-        if len(set(fed)) != len(fed):
-            raise ValueError(f"kv_events names worker ids {fed}; each worker may have one event stream")
-        scraped = [parse_scrape_target(spec).worker_id for spec in self.scrape]
-        if len(set(scraped)) != len(scraped):
-            raise ValueError(f"scrape names worker ids {scraped}; each worker may be scraped once")
-        if not is_loopback(self.host) and self.token_file is None and not self.insecure:
-            raise ValueError(
-                f"host = {self.host!r} is not a loopback address and no token file is given: the write "
-                "endpoints would be open to the network; pass --token-file FILE (or --insecure)"
-            )
-        return self
-
-
-def parse_kv_event_source(spec: str) -> KVEventSource:
-    """Parse ``WORKER=PUB[,REPLAY]`` (each ``tcp://HOST:PORT`` or ``ipc://PATH``) into a source.
-
-    ``PUB`` is the engine's KV event publisher (vLLM ``--kv-events-config``
-    ``endpoint``), ``REPLAY`` its optional replay ROUTER socket (``replay_endpoint``):
-    with it a gap in the sequence numbers is filled by asking the engine for the
-    missed batches; without it the worker's entries are marked stale.
-
-    Raises:
-        ValueError: naming the entry and the expected form (a port outside 1–65535,
-            an empty host or path, a scheme other than tcp / ipc).
-    """
-    expected = "expected WORKER=tcp://HOST:PORT[,tcp://HOST:PORT] such as '0=tcp://10.0.0.5:5557,tcp://10.0.0.5:5558'"
-    worker, sep, endpoints = spec.partition("=")
-    parts = endpoints.split(",")
-    if not sep or not worker.strip().isdigit() or len(parts) > 2 or not all(map(_is_zmq_endpoint, parts)):
-        raise ValueError(f"kv_events entry {spec!r}, {expected}")
-    if len(parts) == 2 and parts[0] == parts[1]:
-        raise ValueError(f"kv_events entry {spec!r} gives one endpoint for both sockets, {expected}")
-    return KVEventSource(int(worker), parts[0], replay_endpoint=parts[1] if len(parts) == 2 else None)
-
-
-def _is_zmq_endpoint(endpoint: str) -> bool:
-    """``tcp://HOST:PORT`` with a host and a port in 1–65535, or ``ipc://PATH`` with a path."""
-    if endpoint.startswith("ipc://"):
-        return len(endpoint) > len("ipc://")
-    if not endpoint.startswith("tcp://"):
-        return False
-    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
-    return bool(sep and host and host != "*" and port.isdigit() and 1 <= int(port) <= 65535)
-
-
-def read_token(path: Path) -> str:
-    """The bearer token in ``path`` (surrounding whitespace stripped).
-
-    Raises:
-        FileNotFoundError: no such file. ValueError: the file is empty.
-    """
-    if not path.is_file():
-        raise FileNotFoundError(f"token_file = {str(path)!r} does not exist")
-    token = path.read_text().strip()
-    if not token:
-        raise ValueError(f"token_file = {str(path)!r} is empty, expected a bearer token")
-    return token
-
-
-class FieldError(ValueError):
-    """Input that passed the schema but is wrong given the service's state; the API answers 422 at ``loc``."""
-
-    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
-        super().__init__(f"{'.'.join(map(str, loc))}: {message}")
-        self.loc = loc
-        self.message = message
-
-
-class UnknownRequestError(LookupError):
-    """An observation for a request id the service has no decision for (404)."""
-
-
-class ConflictError(RuntimeError):
-    """A request id routed twice, or a table full (409)."""
-
-
-class LogUnavailableError(RuntimeError):
-    """The log writer could not commit (503): the observation is not recorded, retry."""
 
 
 @dataclass(slots=True)
@@ -390,185 +179,6 @@ class ModelStatus:
         if self.source != "champion":
             return "analytic"
         return f"champion v{self.version}" if self.version else "champion"
-
-
-@dataclass(slots=True)
-class _Write:
-    table: str
-    columns: Mapping[str, Any]
-    urgent: bool = False
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-
-
-_STOP = object()
-
-
-class LogWriter:
-    """The service's one DuckDB writer: a thread that owns the write connection and commits queued rows in groups.
-
-    Each batch (everything queued when the thread wakes, up to
-    ``max_batch_writes``) is one transaction: one ``INSERT`` per table, one
-    commit, one WAL sync. A batch of only non-urgent writes waits up to
-    ``linger_s`` for more (a commit costs ~2.5 ms of CPU whatever its size, so
-    per-decision commits would cost more than routing); an urgent write (an
-    observation someone waits for) ends the wait and is committed with
-    everything queued before it. A write's future resolves to the rows written once
-    the commit has returned, or raises the error that rolled the batch back.
-    Every ``roll_interval_s`` (when given) and on stop, ``roll()`` runs on the
-    same thread (it may read through the connection).
-
-    Thread safety: :meth:`submit` from any thread; everything else runs on the writer thread.
-    """
-
-    def __init__(
-        self,
-        store: LogStore,
-        metrics: ServiceMetrics,
-        max_queued: int = 100_000,
-        max_batch_writes: int = 4096,
-        roll: Callable[[], object] | None = None,
-        roll_interval_s: float = 0.0,
-        linger_s: float = 0.0,
-    ) -> None:
-        self.store = store
-        self.linger_s = linger_s
-        self.metrics = metrics
-        self.max_batch_writes = max_batch_writes
-        self.roll = roll
-        self.roll_interval_s = roll_interval_s
-        self.last_error: str | None = None
-        self.batches = 0
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queued)
-        self._thread = threading.Thread(target=self._run, name="kvcost-log-writer", daemon=True)
-        self._last_roll = time.monotonic()
-
-    @property
-    def alive(self) -> bool:
-        """The thread is running."""
-        return self._thread.is_alive()
-
-    def start(self) -> None:
-        """Start the thread."""
-        self._thread.start()
-
-    def submit(self, table: str, columns: Mapping[str, Any], urgent: bool = False) -> concurrent.futures.Future:
-        """Queue rows (``columns`` as for :meth:`LogStore.append_columns`); the future resolves after the commit.
-
-        Args:
-            urgent: someone waits for the commit: commit as soon as possible; otherwise the
-                writer lingers up to ``linger_s`` to commit more rows in the same transaction.
-
-        Raises:
-            LogUnavailableError: the queue is full (the disk does not keep up) or the writer stopped.
-        """
-        if not self.alive:
-            raise LogUnavailableError("the log writer is not running")
-        write = _Write(table, columns, urgent)
-        try:
-            self._queue.put_nowait(write)
-        except queue.Full:
-            raise LogUnavailableError(f"{self._queue.maxsize} log writes queued; the log does not keep up") from None
-        return write.future
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Commit what is queued, roll a last time, and end the thread (idempotent)."""
-        if self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            try:
-                first = self._queue.get(timeout=self._wait_s())
-            except queue.Empty:
-                self._maybe_roll()
-                continue
-            batch: list[_Write] = []
-            item = first
-            while True:
-                if item is _STOP:
-                    stopping = True
-                else:
-                    batch.append(item)
-                if len(batch) >= self.max_batch_writes:
-                    break
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            if batch and not stopping and not any(w.urgent for w in batch):
-                stopping = self._linger(batch)
-            if batch:
-                self._commit(batch)
-            self._maybe_roll(force=stopping)
-
-    def _linger(self, batch: list[_Write]) -> bool:
-        """Add writes to ``batch`` for up to ``linger_s`` or until an urgent one comes; True if stop was asked."""
-        deadline = time.monotonic() + self.linger_s
-        while len(batch) < self.max_batch_writes:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            try:
-                item = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                return False
-            if item is _STOP:
-                return True
-            batch.append(item)
-            if item.urgent:
-                return False
-        return False
-
-    def _wait_s(self) -> float | None:
-        if self.roll is None or self.roll_interval_s <= 0:
-            return None
-        return max(0.0, self._last_roll + self.roll_interval_s - time.monotonic())
-
-    def _maybe_roll(self, force: bool = False) -> None:
-        if self.roll is None or (self.roll_interval_s <= 0 and not force):
-            return
-        if force or time.monotonic() - self._last_roll >= self.roll_interval_s:
-            self._last_roll = time.monotonic()
-            try:
-                self.roll()
-            except Exception:
-                _log.exception("rolling the log into segments failed")
-
-    def _commit(self, batch: list[_Write]) -> None:
-        batch = [w for w in batch if w.future.set_running_or_notify_cancel()]
-        by_table: dict[str, list[_Write]] = {}
-        for write in batch:
-            by_table.setdefault(write.table, []).append(write)
-        try:
-            with self.store.transaction():
-                for table, writes in by_table.items():
-                    self.store.append_columns(table, _merge([w.columns for w in writes]))
-        except Exception as exc:
-            self.last_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            self.metrics.log_write_errors.inc()
-            _log.exception("log write of %d row groups failed", len(batch))
-            for write in batch:
-                write.future.set_exception(exc)
-            return
-        self.last_error = None
-        self.batches += 1
-        for write in batch:
-            write.future.set_result(len(next(iter(write.columns.values()))))
-
-
-def _merge(groups: list[Mapping[str, Any]]) -> Mapping[str, Any]:
-    if len(groups) == 1:
-        return groups[0]
-    merged: dict[str, Any] = {}
-    for name in groups[0]:
-        parts = [g[name] for g in groups]
-        if all(isinstance(p, np.ndarray) for p in parts):
-            merged[name] = np.concatenate(parts)
-        else:
-            merged[name] = [v for p in parts for v in p]
-    return merged
 
 
 def default_step_models(model: str) -> dict[str, StepTimeModel]:
@@ -719,7 +329,7 @@ class ScoringService:
         roll = self._roll_callable(store)
         self._writer = LogWriter(
             store,
-            self.metrics,
+            self.metrics.log_write_errors.inc,
             max_queued=self.settings.max_queued_writes,
             roll=roll,
             roll_interval_s=self.settings.segment_roll_interval_s,

@@ -2,9 +2,9 @@
 
 import pytest
 
-from kvcost.data.profiles import OperatorProfile
-from kvcost.models.hardware import GpuSpec, StepTimeModel
-from kvcost.serving.types import WorkerSnapshot
+from kvcost.core.hardware import GpuSpec, StepTimeModel
+from kvcost.core.profiles import OperatorProfile
+from kvcost.core.types import WorkerSnapshot
 from tests.helpers import UNIT_MODEL
 
 # One layer, one head of dim 1: 4 attention FLOPs per (new, context) token pair and

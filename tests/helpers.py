@@ -1,7 +1,7 @@
 """Hand-made hardware for exact tests: a model whose every dimension is 1, and a 1 ms-per-token profile."""
 
-from kvcost.data.profiles import OperatorProfile
-from kvcost.models.hardware import ModelSpec
+from kvcost.core.hardware import ModelSpec
+from kvcost.core.profiles import OperatorProfile
 
 #: 1 layer × 1 head × head_dim 1: 4 attention FLOPs per (new, context) token pair, 4 KV bytes per token.
 UNIT_MODEL = ModelSpec(

@@ -1,6 +1,6 @@
 """The per-term predictor interface, its registry, and the save/load manifest they share.
 
-A term predictor learns one TTFT term (:data:`~kvcost.models.composition.TERMS`:
+A term predictor learns one TTFT term (:data:`~kvcost.core.composition.TERMS`:
 queue, lookup, transfer, prefill, first_token) in seconds from feature rows
 (:data:`~kvcost.features.spec.FEATURE_SPEC`). The contract is small
 (STYLE.md point 3): ``fit``, ``predict_many``, ``save`` / ``load``, a registry
@@ -37,9 +37,9 @@ from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
 
+from kvcost.core.composition import TERMS
+from kvcost.core.registry import Registry
 from kvcost.features.spec import FEATURE_NAMES, feature_spec_hash
-from kvcost.models.composition import TERMS
-from kvcost.registry import Registry
 
 #: File name of the manifest inside a saved predictor's directory.
 MANIFEST_FILE = "predictor.json"

@@ -79,7 +79,7 @@ class LightGBMTermPredictor(BaseTermPredictor):
     """A ``lightgbm.Booster`` (``objective="l1"``) on the feature rows, target in seconds.
 
     Args:
-        term: one of :data:`~kvcost.models.composition.TERMS`.
+        term: one of :data:`~kvcost.core.composition.TERMS`.
         **params: LightGBM training parameters overriding :attr:`default_params`, plus
             ``num_boost_round``; an unknown name raises ``ValueError``.
             ``num_threads`` applies to training only; prediction uses one thread.

@@ -34,7 +34,7 @@ class SklearnTermPredictor(BaseTermPredictor):
     """``HistGradientBoostingRegressor(loss="absolute_error")`` on the feature rows, target in seconds.
 
     Args:
-        term: one of :data:`~kvcost.models.composition.TERMS`.
+        term: one of :data:`~kvcost.core.composition.TERMS`.
         **params: any ``HistGradientBoostingRegressor`` parameter, overriding :attr:`default_params`.
 
     Attributes:

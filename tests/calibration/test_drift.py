@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvcost.calibration.drift import MONITORED_TERMS, DriftAlert, DriftMonitor
-from kvcost.models.composition import TERMS
+from kvcost.core.composition import TERMS
 
 QUEUE_REF_S = 0.125  # |1.125 − 1.0|
 PREFILL_REF_S = 0.0625  # |0.5625 − 0.5|

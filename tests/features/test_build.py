@@ -3,12 +3,11 @@
 import numpy as np
 import pytest
 
+from kvcost.core.links import LinkSpec
+from kvcost.core.types import DirectoryMatch, Namespace, ReusePlan, RouteRequest
 from kvcost.features.build import build_features
 from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
-from kvcost.models.links import LinkSpec
-from kvcost.serving.directory import DirectoryMatch, Namespace
-from kvcost.serving.types import ReusePlan, RouteRequest
 
 REQUEST = RouteRequest(
     request_id=7, arrival_s=3.0, input_tokens=1100, block_hashes=(1, 2), namespace=Namespace("linear")

@@ -2,7 +2,8 @@
 
 from dataclasses import replace
 
-from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES, FEATURE_SPEC, TIER_CODES, feature_spec_hash
+from kvcost.core.types import TIER_CODES
+from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES, FEATURE_SPEC, feature_spec_hash
 
 #: Changing this literal is a schema change: trained models stop loading. Update it on purpose only.
 CURRENT_SPEC_HASH = "cc9fd22ffead0566"

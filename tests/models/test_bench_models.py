@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvcost.core.composition import TERMS
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
-from kvcost.models.composition import TERMS
 from kvcost.models.training import TimeSplit, train_term_set
 
 

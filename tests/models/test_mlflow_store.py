@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvcost.core.composition import TERMS
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 from kvcost.models import mlflow_store
-from kvcost.models.composition import TERMS
 from kvcost.models.training import evaluate, feature_matrix, split_by_time, train_term_set
 
 pytestmark = pytest.mark.slow

@@ -4,12 +4,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvcost.eviction import BlockCostTable, EvictionContext
+from kvcost.eviction.index import make_eviction_index
 from kvcost.features.eviction import eviction_feature_matrix
 from kvcost.features.spec import EVICTION_FEATURE_NAMES
 from kvcost.models.reuse import STUDY_FEATURES, STUDY_PARAMS, ReuseClassifier, idle_periods, reuse_training_frame
 from kvcost.replay.kv_cache import BlockPool
-from kvcost.serving.eviction import BlockCostTable, EvictionContext
-from kvcost.serving.eviction.index import make_eviction_index
 
 COL = {name: i for i, name in enumerate(EVICTION_FEATURE_NAMES)}
 

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvcost.core.composition import TERMS
 from kvcost.data.store import LogStore
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
-from kvcost.models.composition import TERMS
 from kvcost.models.training import (
     error_metrics,
     evaluate,

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from kvcost.eviction import BlockCostTable, EvictionContext
+from kvcost.eviction.index import make_eviction_index
 from kvcost.replay.kv_cache import BlockPool
-from kvcost.serving.eviction import BlockCostTable, EvictionContext
-from kvcost.serving.eviction.index import make_eviction_index
 
 # a hit at depth d saves (d + 1) × 0.1 s; one block is 1 byte; FLOPs as seconds
 COSTS = BlockCostTable(

@@ -11,11 +11,11 @@ import copy
 
 import numpy as np
 
+from kvcost.core.types import reusable_tokens_for
 from kvcost.features.build import build_features
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.simulator import ClusterSimulator
-from kvcost.serving.directory import reusable_tokens_for
 
 from .test_simulator import busy_trace
 

@@ -6,15 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvcost.core.hardware import GpuSpec, StepTimeModel
+from kvcost.core.links import LinkSpec
+from kvcost.core.types import ReusePlan
 from kvcost.data.traces import Trace, TraceRequest
-from kvcost.models.hardware import GpuSpec, StepTimeModel
-from kvcost.models.links import LinkSpec
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 from kvcost.replay.tiers import TierConfig
 from kvcost.replay.worker import SimRequest
-from kvcost.serving.router import RouterSettings
-from kvcost.serving.types import ReusePlan
+from kvcost.routing.router import RouterSettings
 from tests.helpers import MS_PER_TOKEN_PROFILE, UNIT_MODEL
 
 BLOCK = 16

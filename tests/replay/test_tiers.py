@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvcost.models.links import LinkSpec
+from kvcost.core.links import LinkSpec
 from kvcost.replay.tiers import Link, TierCache, TierConfig, WorkerTiers
 
 

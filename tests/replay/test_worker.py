@@ -14,9 +14,9 @@ from collections import deque
 
 import pytest
 
+from kvcost.core.hardware import GpuSpec, StepTimeModel
+from kvcost.core.links import LinkSpec
 from kvcost.features.nominal import NominalCosts
-from kvcost.models.hardware import GpuSpec, StepTimeModel
-from kvcost.models.links import LinkSpec
 from kvcost.replay.kv_cache import BlockPool
 from kvcost.replay.tiers import TierConfig, WorkerTiers
 from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth

@@ -14,18 +14,19 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvcost.calibration.conformal import SplitConformal
+from kvcost.core.composition import TERMS
+from kvcost.core.hardware import MODELS
+from kvcost.core.links import CPU_TO_GPU
+from kvcost.core.types import Namespace, RouteRequest, WorkerSnapshot
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
-from kvcost.models.composition import TERMS
-from kvcost.models.hardware import MODELS
-from kvcost.models.links import CPU_TO_GPU
 from kvcost.models.predictors import make_term_predictor
 from kvcost.models.term_set import TermModelSet
+from kvcost.routing.directory import CacheDirectory
+from kvcost.routing.router import Router, RouterSettings
 from kvcost.serving.api import create_app
-from kvcost.serving.directory import CacheDirectory, Namespace
-from kvcost.serving.router import Router, RouterSettings
 from kvcost.serving.schemas import MAX_CANDIDATES, MAX_TOKENS
-from kvcost.serving.service import ScoringService, ServiceSettings, block_hashes_for
-from kvcost.serving.types import RouteRequest, WorkerSnapshot
+from kvcost.serving.service import ScoringService, block_hashes_for
+from kvcost.serving.settings import ServiceSettings
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -18,12 +18,12 @@ import httpx
 import numpy as np
 import pytest
 
-from kvcost.models.hardware import StepTimeModel
-from kvcost.serving.block_hash import HASH_ALGORITHMS, BlockHasher, PrefixHashCache
-from kvcost.serving.directory import CacheDirectory, Namespace
-from kvcost.serving.router import Router, RouterSettings
+from kvcost.core.hardware import StepTimeModel
+from kvcost.core.types import Namespace, RouteRequest, WorkerSnapshot
+from kvcost.routing.block_hash import HASH_ALGORITHMS, BlockHasher, PrefixHashCache
+from kvcost.routing.directory import CacheDirectory
+from kvcost.routing.router import Router, RouterSettings
 from kvcost.serving.service import block_hashes_for
-from kvcost.serving.types import RouteRequest, WorkerSnapshot
 from tests.serving.test_api_process import AUTH, Server
 
 pytestmark = pytest.mark.bench

@@ -4,7 +4,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvcost.serving.api import create_app
-from kvcost.serving.service import ServiceSettings
+from kvcost.serving.settings import ServiceSettings
 
 
 @pytest.fixture

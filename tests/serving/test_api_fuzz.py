@@ -19,7 +19,7 @@ from schemathesis.checks import not_a_server_error
 
 from kvcost.serving.api import create_app
 from kvcost.serving.schemas import MAX_BLOCK_SIZE_TOKENS, MAX_COUNT, MAX_ID, MAX_SECONDS, MAX_TOKENS
-from kvcost.serving.service import ServiceSettings
+from kvcost.serving.settings import ServiceSettings
 
 pytestmark = pytest.mark.slow
 MAX_EXAMPLES = 30

@@ -11,11 +11,10 @@ import zmq
 from fastapi.testclient import TestClient
 
 from kvcost.serving.api import create_app
-from kvcost.serving.kv_subscriber import KVEventSource
-from kvcost.serving.service import ServiceSettings, parse_kv_event_source
-
-from .test_kv_events import VMAP
-from .test_kv_subscriber import V010, FakeEngine, stored, wait_for
+from kvcost.serving.engines.kv_subscriber import KVEventSource
+from kvcost.serving.settings import ServiceSettings, parse_kv_event_source
+from tests.serving.engines.test_kv_events import VMAP
+from tests.serving.engines.test_kv_subscriber import V010, FakeEngine, stored, wait_for
 
 BLOCK = 4
 
@@ -138,7 +137,7 @@ def test_kv_event_entries_are_validated():
 
 
 # What a vLLM engine computes (vllm/v1/core/kv_cache_utils.py hash_block_tokens with the hash functions of
-# vllm/utils/hashing.py), restated here independently of kvcost.serving.block_hash.
+# vllm/utils/hashing.py), restated here independently of kvcost.routing.block_hash.
 ENGINE_HASH_FN = {
     "sha256": lambda x: hashlib.sha256(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)).digest(),
     "sha256_cbor": lambda x: hashlib.sha256(cbor2.dumps(x, canonical=True)).digest(),

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from kvcost.core.composition import TERMS
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
-from kvcost.models.composition import TERMS
 from kvcost.models.predictors import make_term_predictor
 from kvcost.models.predictors.analytic import nominal_column
 

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
+from kvcost.core.composition import TERMS
 from kvcost.features.spec import FEATURE_NAMES, feature_spec_hash
-from kvcost.models.composition import TERMS
 from kvcost.models.predictors import (
     TERM_PREDICTORS,
     FeatureSpecMismatch,

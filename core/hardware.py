@@ -1,0 +1,413 @@
+"""Hardware and model specifications and the analytic step-time model.
+
+:class:`StepTimeModel` gives the time of one continuous-batching step on one GPU:
+
+    step_s = nonattention_s(num_tokens) + attention_s(prefill_flops, decode_context_tokens)
+             + step_overhead_s
+
+- **Non-attention operators** (norms, QKV/O projections, RoPE, MLP, residual adds,
+  embedding) come from Microsoft Vidur's measured profiles
+  (:mod:`kvcost.core.profiles`), linearly interpolated in the batch token count.
+- **Attention** is not in those profiles and is modelled: prefill attention is
+  compute-bound (causal FLOPs over cached + new tokens at a fraction of peak
+  tensor-core throughput); decode attention is memory-bound (each decoding request
+  reads its whole KV cache once per step).
+
+Defaults and their sources (all module-level constants, units in names):
+
+- :data:`DEFAULT_ATTENTION_FLOPS_EFFICIENCY` = 0.5 — FlashAttention-2 (Dao, 2023,
+  arXiv:2307.08691) reaches 50–73 % of A100 peak in the forward pass; 0.5 is the low
+  end, since serving batches mix short chunks and causal masking.
+- :data:`DEFAULT_DECODE_BANDWIDTH_EFFICIENCY` = 0.7 — assumption: fraction of peak HBM
+  bandwidth a paged decode-attention kernel achieves.
+- :data:`DEFAULT_STEP_OVERHEAD_S` = 0.004 — assumption: per-step CPU scheduling,
+  input preparation, sampling and kernel-launch overhead (a few ms in vLLM-class engines).
+- :data:`DEFAULT_ACTIVATION_RESERVE_BYTES` = 2 GiB — assumption: activation and
+  workspace memory held back from the KV cache at an 8192-token budget.
+- :data:`DEFAULT_GPU_MEMORY_UTILIZATION` = 0.9 — vLLM's default
+  ``gpu_memory_utilization`` (vllm/engine/arg_utils.py).
+- GPU figures: NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM: BF16 312 TFLOPS
+  dense, 2,039 GB/s HBM2e); NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: BF16
+  1,979 TFLOPS with sparsity = 989 TFLOPS dense, 3.35 TB/s HBM3).
+- Model figures: Hugging Face ``config.json`` of meta-llama/Meta-Llama-3-8B
+  (32 layers, 32 heads, 8 KV heads, hidden 4096, bfloat16; 8.03 B parameters) and
+  meta-llama/Llama-2-7b-hf (32 layers, 32 heads, 32 KV heads, hidden 4096; 6.74 B
+  parameters; stored as float16, also 2 bytes — served in bf16 here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvcost.core.profiles import OperatorProfile, load_vidur_profile
+from kvcost.core.registry import Registry
+
+GIB_BYTES = 2**30
+"""Bytes in one GiB."""
+
+BF16_BYTES = 2
+"""Bytes per bf16 (or fp16) element."""
+
+FLOPS_PER_MAC = 2
+"""One multiply-accumulate counts as two floating-point operations."""
+
+DEFAULT_TOKEN_BUDGET = 8192
+"""Default max tokens per step (chunked-prefill budget)."""
+
+DEFAULT_ATTENTION_FLOPS_EFFICIENCY = 0.5
+"""Fraction of peak dense bf16 FLOP/s reached by prefill attention (FlashAttention-2 paper)."""
+
+DEFAULT_DECODE_BANDWIDTH_EFFICIENCY = 0.7
+"""Fraction of peak HBM bandwidth reached by decode attention (assumption)."""
+
+DEFAULT_STEP_OVERHEAD_S = 0.004
+"""Per-step CPU scheduling / launch overhead in seconds (assumption)."""
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""vLLM's default ``gpu_memory_utilization`` (vllm/engine/arg_utils.py)."""
+
+DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GIB_BYTES
+"""Memory held back for activations and workspace (assumption)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer, as in its Hugging Face ``config.json``.
+
+    ``profile_dir`` is the model's folder name in Vidur's profile tree.
+    """
+
+    name: str
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    num_params: float
+    dtype_bytes: int
+    profile_dir: str
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes per token (DESIGN.md §7).
+
+        2 (K and V) × num_layers × num_kv_heads × head_dim × dtype_bytes.
+        """
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of the weights: parameters × dtype bytes."""
+        return self.num_params * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU's capacity figures (``name`` is also its folder in Vidur's profile tree)."""
+
+    name: str
+    memory_bytes: int
+    peak_dense_bf16_flops: float
+    hbm_bytes_per_s: float
+
+
+MODELS: Registry[ModelSpec] = Registry("model")
+MODELS.add(
+    "llama-3-8b",
+    ModelSpec(
+        name="llama-3-8b",
+        num_layers=32,
+        num_q_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        hidden_size=4096,
+        num_params=8.03e9,
+        dtype_bytes=BF16_BYTES,
+        profile_dir="Meta-Llama-3-8B",
+    ),
+)
+MODELS.add(
+    "llama-2-7b",
+    ModelSpec(
+        name="llama-2-7b",
+        num_layers=32,
+        num_q_heads=32,
+        num_kv_heads=32,
+        head_dim=128,
+        hidden_size=4096,
+        num_params=6.74e9,
+        dtype_bytes=BF16_BYTES,
+        profile_dir="Llama-2-7b-hf",
+    ),
+)
+
+GPUS: Registry[GpuSpec] = Registry("gpu")
+GPUS.add(
+    "a100",
+    GpuSpec(  # A100-SXM4-80GB
+        name="a100",
+        memory_bytes=80 * GIB_BYTES,
+        peak_dense_bf16_flops=312e12,
+        hbm_bytes_per_s=2.039e12,
+    ),
+)
+GPUS.add(
+    "h100",
+    GpuSpec(  # H100-SXM5-80GB
+        name="h100",
+        memory_bytes=80 * GIB_BYTES,
+        peak_dense_bf16_flops=989e12,
+        hbm_bytes_per_s=3.35e12,
+    ),
+)
+
+DERIVED_PROFILES: dict[tuple[str, str], tuple[str, str]] = {
+    ("h100", "Meta-Llama-3-8B"): ("a100", "Llama-2-7b-hf"),
+}
+"""(gpu, model_dir) without a measured profile → (base gpu, reference model_dir).
+
+The profile is derived by :func:`derived_profile` from the model's profile on the
+base GPU, scaled by the reference model's measured target/base ratio. Llama-2-7B is
+the reference for Llama-3-8B because both have hidden size 4096.
+"""
+
+
+def _ratio_at(tokens: np.ndarray, num: OperatorProfile, den: OperatorProfile, field: str):
+    """num/den of ``field`` interpolated at ``tokens``, clamped to the shared measured range."""
+    hi = min(num.num_tokens[-1], den.num_tokens[-1])
+    lo = max(num.num_tokens[0], den.num_tokens[0])
+    x = np.clip(tokens, lo, hi)
+    top = np.interp(x, num.num_tokens, getattr(num, field))
+    bottom = np.interp(x, den.num_tokens, getattr(den, field))
+    return top / bottom
+
+
+def derived_profile(
+    base: OperatorProfile, reference_base: OperatorProfile, reference_target: OperatorProfile
+) -> OperatorProfile:
+    """Estimate a model's profile on a target GPU from a similar model measured on both GPUs.
+
+    At each of ``base``'s token counts n, ``per_layer_s`` and ``once_s`` are scaled by
+    reference_target / reference_base, both interpolated at n. Beyond the reference's
+    last measured point the ratio at that point is used (both GPUs are compute-bound
+    there, so the ratio is stable). Used for Llama-3-8B on H100: A100 Llama-3-8B ×
+    (H100 / A100 of Llama-2-7B).
+    """
+    tokens = base.num_tokens
+    return OperatorProfile(
+        num_tokens=tokens,
+        per_layer_s=base.per_layer_s * _ratio_at(tokens, reference_target, reference_base, "per_layer_s"),
+        once_s=base.once_s * _ratio_at(tokens, reference_target, reference_base, "once_s"),
+        source=f"derived: {base.source} × ({reference_target.source} / {reference_base.source})",
+    )
+
+
+def profile_for(model: ModelSpec, gpu: GpuSpec) -> OperatorProfile:
+    """Load the bundled profile of ``model`` on ``gpu``, deriving it per :data:`DERIVED_PROFILES`.
+
+    Raises:
+        KeyError: neither a bundled nor a derivable profile exists.
+    """
+    key = (gpu.name, model.profile_dir)
+    if key not in DERIVED_PROFILES:
+        return load_vidur_profile(gpu.name, model.profile_dir)
+    base_gpu, reference_dir = DERIVED_PROFILES[key]
+    return derived_profile(
+        load_vidur_profile(base_gpu, model.profile_dir),
+        load_vidur_profile(base_gpu, reference_dir),
+        load_vidur_profile(gpu.name, reference_dir),
+    )
+
+
+def _require(ok: bool, field: str, value: object, expectation: str) -> None:
+    """Raise ``ValueError`` naming ``field``, its value and the expectation unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{field} = {value!r}: expected {expectation}")
+
+
+class StepTimeModel:
+    """Time of one continuous-batching step of ``model`` on one ``gpu``.
+
+    Construction is pure (no file IO); :meth:`for_hardware` loads the profile.
+    The non-attention time for 0..``token_budget`` tokens is precomputed into a list,
+    as Vidur's predictor precomputes its per-``num_tokens`` predictions
+    (``SklearnExecutionTimePredictor._predict_for_compute_models``) and only looks
+    them up per batch.
+
+    Args:
+        model, gpu: specifications.
+        profile: non-attention operator profile of ``model`` on ``gpu``.
+        token_budget: max tokens per step (chunk size of :meth:`prefill_alone_s`), ≥ 1.
+        attention_flops_efficiency: fraction of peak bf16 FLOP/s for prefill attention, (0, 1].
+        decode_bandwidth_efficiency: fraction of peak HBM bandwidth for decode attention, (0, 1].
+        step_overhead_s: fixed seconds added to every step, ≥ 0.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        profile: OperatorProfile,
+        *,
+        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        attention_flops_efficiency: float = DEFAULT_ATTENTION_FLOPS_EFFICIENCY,
+        decode_bandwidth_efficiency: float = DEFAULT_DECODE_BANDWIDTH_EFFICIENCY,
+        step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
+    ) -> None:
+        _require(
+            isinstance(token_budget, int | np.integer) and token_budget >= 1,
+            "token_budget",
+            token_budget,
+            "an integer >= 1",
+        )
+        _require(
+            0 < attention_flops_efficiency <= 1,
+            "attention_flops_efficiency",
+            attention_flops_efficiency,
+            "a value in (0, 1]",
+        )
+        _require(
+            0 < decode_bandwidth_efficiency <= 1,
+            "decode_bandwidth_efficiency",
+            decode_bandwidth_efficiency,
+            "a value in (0, 1]",
+        )
+        _require(step_overhead_s >= 0, "step_overhead_s", step_overhead_s, "a value >= 0")
+        self.model, self.gpu, self.profile = model, gpu, profile
+        self.token_budget = int(token_budget)
+        self.attention_flops_efficiency = attention_flops_efficiency
+        self.decode_bandwidth_efficiency = decode_bandwidth_efficiency
+        self.step_overhead_s = step_overhead_s
+        self._points_tokens = profile.num_tokens.astype(np.float64)
+        self._points_s = profile.per_layer_s * model.num_layers + profile.once_s
+        self._table_s: list[float] = self._interpolate_s(np.arange(token_budget + 1)).tolist()
+        self._attention_flops_per_s = gpu.peak_dense_bf16_flops * attention_flops_efficiency
+        self._decode_s_per_context_token = model.kv_bytes_per_token / (
+            gpu.hbm_bytes_per_s * decode_bandwidth_efficiency
+        )
+        self._attention_flops_per_token_pair = 2 * FLOPS_PER_MAC * model.num_layers * model.num_q_heads * model.head_dim
+
+    @classmethod
+    def for_hardware(cls, model_name: str, gpu_name: str, **settings) -> StepTimeModel:
+        """Build from registry names (``MODELS``, ``GPUS``), loading the bundled profile."""
+        model, gpu = MODELS.get(model_name), GPUS.get(gpu_name)
+        return cls(model, gpu, profile_for(model, gpu), **settings)
+
+    def __repr__(self) -> str:
+        return (
+            f"StepTimeModel(model={self.model.name!r}, gpu={self.gpu.name!r}, "
+            f"token_budget={self.token_budget}, profile={self.profile.source!r})"
+        )
+
+    def _interpolate_s(self, tokens: np.ndarray) -> np.ndarray:
+        """Non-attention seconds at ``tokens`` (array): interpolate, extrapolate past the end.
+
+        Below the first measured point the first point's time is used (launch-bound);
+        0 tokens cost 0.
+        """
+        xp, yp = self._points_tokens, self._points_s
+        x = np.asarray(tokens, dtype=np.float64)
+        result = np.interp(x, xp, yp)
+        beyond = x > xp[-1]
+        slope = (yp[-1] - yp[-2]) / (xp[-1] - xp[-2])
+        result[beyond] = yp[-1] + slope * (x[beyond] - xp[-1])
+        result[x <= 0] = 0.0
+        return result
+
+    def nonattention_s(self, num_tokens: int) -> float:
+        """Seconds of all non-attention operators for a step of ``num_tokens`` batch tokens.
+
+        per_layer_s(num_tokens) × num_layers + once_s(num_tokens), linearly interpolated
+        between measured points and extrapolated from the last two beyond them.
+        """
+        if 0 <= num_tokens <= self.token_budget:
+            return self._table_s[num_tokens]
+        _require(num_tokens >= 0, "num_tokens", num_tokens, "a value >= 0")
+        return float(self._interpolate_s(np.array([num_tokens]))[0])
+
+    def prefill_attention_flops(self, new_tokens: int, context_tokens: int) -> float:
+        """Causal attention FLOPs (QK^T and AV) for ``new_tokens`` after ``context_tokens``.
+
+        4 × layers × q_heads × head_dim × new × (context + (new + 1) / 2): each new token
+        attends to all context tokens and, causally, to the new tokens up to itself.
+        Cached (reused) prefix tokens count as context.
+        """
+        pairs = new_tokens * (context_tokens + (new_tokens + 1) / 2)
+        return float(self._attention_flops_per_token_pair * pairs)
+
+    def attention_s(self, prefill_flops: float, decode_context_tokens: int) -> float:
+        """Seconds of attention in one step.
+
+        prefill_flops / (peak bf16 FLOP/s × attention_flops_efficiency)
+        + decode_context_tokens × kv_bytes_per_token / (HBM B/s × decode_bandwidth_efficiency),
+        where ``decode_context_tokens`` sums the KV lengths of all decoding requests.
+        """
+        return prefill_flops / self._attention_flops_per_s + decode_context_tokens * self._decode_s_per_context_token
+
+    def step_s(self, num_tokens: int, prefill_flops: float, decode_context_tokens: int) -> float:
+        """Seconds of one step: nonattention_s + attention_s + step_overhead_s."""
+        return (
+            self.nonattention_s(num_tokens)
+            + self.attention_s(prefill_flops, decode_context_tokens)
+            + self.step_overhead_s
+        )
+
+    def prefill_alone_s(self, new_tokens: int, context_tokens: int = 0) -> float:
+        """Seconds to prefill ``new_tokens`` on an idle worker in chunks of ``token_budget``.
+
+        Sum of :meth:`step_s` over the chunks; each chunk's context includes
+        ``context_tokens`` (cached prefix) and the earlier chunks. 0 tokens → 0.
+        """
+        _require(
+            new_tokens >= 0 and context_tokens >= 0,
+            "new_tokens, context_tokens",
+            (new_tokens, context_tokens),
+            "values >= 0",
+        )
+        total_s, done = 0.0, 0
+        while done < new_tokens:
+            chunk = min(self.token_budget, new_tokens - done)
+            flops = self.prefill_attention_flops(chunk, context_tokens + done)
+            total_s += self.step_s(chunk, flops, 0)
+            done += chunk
+        return total_s
+
+    def kv_capacity_tokens(
+        self,
+        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+        activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
+    ) -> int:
+        """Tokens of KV cache that fit on the GPU.
+
+        floor((memory_bytes × gpu_memory_utilization − weight_bytes − activation_reserve_bytes)
+        / kv_bytes_per_token).
+
+        Raises:
+            ValueError: bad arguments, or no room for a single token (message names the values).
+        """
+        _require(0 < gpu_memory_utilization <= 1, "gpu_memory_utilization", gpu_memory_utilization, "a value in (0, 1]")
+        _require(activation_reserve_bytes >= 0, "activation_reserve_bytes", activation_reserve_bytes, "a value >= 0")
+        free_bytes = self.gpu.memory_bytes * gpu_memory_utilization - self.model.weight_bytes - activation_reserve_bytes
+        tokens = int(free_bytes // self.model.kv_bytes_per_token)
+        if tokens <= 0:
+            raise ValueError(
+                f"no KV capacity: memory_bytes={self.gpu.memory_bytes} × "
+                f"gpu_memory_utilization={gpu_memory_utilization} − "
+                f"weight_bytes={self.model.weight_bytes:.0f} − "
+                f"activation_reserve_bytes={activation_reserve_bytes} = {free_bytes:.0f} bytes, "
+                f"less than kv_bytes_per_token={self.model.kv_bytes_per_token}"
+            )
+        return tokens
+
+    def kv_capacity_blocks(
+        self,
+        block_size_tokens: int,
+        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+        activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
+    ) -> int:
+        """Whole KV blocks of ``block_size_tokens`` that fit (see :meth:`kv_capacity_tokens`)."""
+        _require(block_size_tokens >= 1, "block_size_tokens", block_size_tokens, "a value >= 1")
+        tokens = self.kv_capacity_tokens(gpu_memory_utilization, activation_reserve_bytes)
+        return tokens // block_size_tokens

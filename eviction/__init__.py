@@ -1,0 +1,30 @@
+"""KV-cache eviction policies registered by name (DESIGN.md §5): ``lru``, ``lfu``, ``gdsf``, ``lhd``,
+``flop_aware``, ``cost_aware``; the vectorised ranking and the incremental index a block pool uses."""
+
+from kvcost.eviction import cost_aware, flop_aware, gdsf, lhd, recency  # noqa: F401  (registration)
+from kvcost.eviction.base import (
+    EVICTION_POLICIES,
+    VALUE_TERMS,
+    EvictionContext,
+    EvictionPolicy,
+    NodeTable,
+    Ranking,
+    make_eviction_policy,
+    rank_nodes,
+)
+from kvcost.eviction.index import EvictionIndex
+from kvcost.eviction.prefill import BlockCostTable, block_cost_table
+
+__all__ = [
+    "EVICTION_POLICIES",
+    "VALUE_TERMS",
+    "BlockCostTable",
+    "EvictionContext",
+    "EvictionIndex",
+    "EvictionPolicy",
+    "NodeTable",
+    "Ranking",
+    "block_cost_table",
+    "make_eviction_policy",
+    "rank_nodes",
+]

@@ -1,0 +1,279 @@
+"""Block hashes of token ids, as vLLM's prefix cache computes them (DESIGN.md §2, §7).
+
+The chaining scheme is vLLM's whatever the hash function; the function is the
+engine's ``--prefix-caching-hash-algo`` (vLLM ``vllm/config/cache.py``,
+``PrefixCachingHashAlgo``; ``vllm/utils/hashing.py``, ``get_hash_fn_by_name``):
+
+=================  ===============================================  =======
+algorithm          digest of the object ``x``                        bytes
+=================  ===============================================  =======
+``sha256``         ``SHA-256(pickle.dumps(x, HIGHEST_PROTOCOL))``    32
+                   (vLLM's default since 0.10.2)
+``sha256_cbor``    ``SHA-256(cbor2.dumps(x, canonical=True))``       32
+``xxhash``         ``XXH3-128(pickle.dumps(x, HIGHEST_PROTOCOL))``   16
+``xxhash_cbor``    ``XXH3-128(cbor2.dumps(x, canonical=True))``      16
+=================  ===============================================  =======
+
+The pickle-based two reproduce the engine's hashes only when this process's
+CPython pickles like the engine's (protocol 5 on CPython 3.8 – 3.14: the same
+bytes for bytes, ints, strings, tuples and None); the CBOR-based two are
+portable. The scheme (vLLM ``vllm/v1/core/kv_cache_utils.py``: ``init_none_hash``,
+``hash_block_tokens``, ``generate_block_hash_extra_keys``,
+``maybe_convert_block_hash``; ``vllm/utils/hashing.py``: ``sha256_cbor``), as in
+vLLM since PR #23673 made a block hash the 32-byte digest itself (the releases from
+0.10.2 on; checked against ``main``'s source and the 0.10.2 – 0.20 API docs):
+
+- ``H`` is the engine's hash function above; for ``sha256_cbor``,
+  ``H(x) = SHA-256(cbor2.dumps(x, canonical=True))`` (RFC 8949 CBOR; Python tuples
+  and lists are CBOR arrays, ``None`` is ``0xf6``).
+- ``NONE_HASH = H(seed)``, where ``seed`` is the *string* value of the
+  engine's ``PYTHONHASHSEED`` environment variable. Without ``PYTHONHASHSEED``,
+  vLLM draws ``NONE_HASH`` from ``os.urandom(32)`` and no one outside that engine
+  process can reproduce its hashes.
+- block ``i`` (full blocks only; a trailing partial block is never hashed)::
+
+      d_i = H((d_{i-1} or NONE_HASH, tuple(tokens_i), extra_keys_i))
+
+  with ``extra_keys_i = tuple(lora_keys + mm_keys + salt_keys + embeds_keys)`` or
+  ``None`` when that list is empty; ``lora_keys = [lora_name]`` on every block of a
+  LoRA request, ``salt_keys = [cache_salt]`` on the *first* block only (and only
+  when the salt is non-empty). Multimodal and prompt-embedding keys are not
+  supported here.
+- KV events publish ``int.from_bytes(d_i, "big") & (2**64 − 1)`` (the low 64 bits)
+  by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``), or the digest bytes ``d_i``
+  when that variable is ``0``. :func:`block_hashes` returns the int form;
+  ``kvcost.serving.engines.kv_events`` folds byte hashes to the same int, so one block has
+  one name whichever way the engine is configured.
+
+To make the router's hashes equal the engine's, start the engine with
+``PYTHONHASHSEED=<seed>`` in its environment and pass ``hash_seed="<seed>"`` (the
+same string), the engine's ``--prefix-caching-hash-algo`` as ``algorithm`` and
+its block size here. Not reproduced: releases 0.10.0 and before (they chained
+64-bit ints, ``sha256_cbor_64bit``), and engines whose ``hash_block_size`` differs
+from the KV block size (hybrid models; their published hashes are merged).
+
+Example:
+    >>> hashes = block_hashes([1, 2, 3, 4, 5], block_size=2, hash_seed="0")
+    >>> len(hashes), all(0 <= h < 2**64 for h in hashes)
+    (2, True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cbor2
+
+#: Mask of the low 64 bits that vLLM publishes as an int block hash.
+HASH_MASK_64 = (1 << 64) - 1
+#: vLLM's ``--prefix-caching-hash-algo`` choices (``PrefixCachingHashAlgo`` in ``vllm/config/cache.py``).
+HASH_ALGORITHMS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+#: vLLM's default ``--prefix-caching-hash-algo`` (``CacheConfig.prefix_caching_hash_algo``, since 0.10.2).
+DEFAULT_HASH_ALGORITHM = "sha256"
+
+
+def sha256_pickle(obj: Any) -> bytes:
+    """SHA-256 digest (32 bytes) of ``pickle.dumps(obj, HIGHEST_PROTOCOL)``, as vLLM's ``sha256`` (its default)."""
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def sha256_cbor(obj: Any) -> bytes:
+    """SHA-256 digest (32 bytes) of the canonical CBOR encoding of ``obj``, as vLLM's ``sha256_cbor``."""
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def hash_function(algorithm: str) -> Callable[[Any], bytes]:
+    """The digest function vLLM uses for ``--prefix-caching-hash-algo algorithm`` (see the module table).
+
+    Raises:
+        ValueError: ``algorithm`` is not one of :data:`HASH_ALGORITHMS`.
+        ImportError: an ``xxhash`` algorithm without the ``xxhash`` package (≥ 3.0, for ``xxh3_128_digest``).
+    """
+    if algorithm == "sha256":
+        return sha256_pickle
+    if algorithm == "sha256_cbor":
+        return sha256_cbor
+    if algorithm not in HASH_ALGORITHMS:
+        raise ValueError(f"algorithm = {algorithm!r}, expected one of {', '.join(HASH_ALGORITHMS)}")
+    import xxhash  # only these two need it, as in vLLM
+
+    digest = xxhash.xxh3_128_digest
+    if algorithm == "xxhash":
+        return lambda obj: digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    return lambda obj: digest(cbor2.dumps(obj, canonical=True))
+
+
+def none_hash(hash_seed: str, algorithm: str = DEFAULT_HASH_ALGORITHM) -> bytes:
+    """vLLM's ``NONE_HASH`` (the parent of a prefix's first block) for ``PYTHONHASHSEED=hash_seed``.
+
+    Raises:
+        ValueError: unknown ``algorithm``.
+    """
+    return hash_function(algorithm)(hash_seed)
+
+
+def external_hash(digest: bytes) -> int:
+    """The int a vLLM KV event carries for block digest ``digest``: its low 64 bits, big-endian."""
+    return int.from_bytes(digest, "big") & HASH_MASK_64
+
+
+class PrefixHashCache:
+    """Bounded LRU of block digests, keyed by what a digest is a function of.
+
+    A key is ``(parent digest, the block's token ids as native uint32 bytes, extra
+    keys)``: the parent digest already carries the hash function, the seed and the
+    whole prefix before the block, so one cache can serve every :class:`BlockHasher`
+    of a process. Requests that share a prefix (a system prompt, a conversation's
+    earlier turns) hash only their new blocks. An entry costs about
+    ``150 + 4 × block_size_tokens`` bytes (≈ 2.2 KB for 512-token blocks).
+
+    Args:
+        max_blocks: entries kept (≥ 1); the least recently used go first.
+
+    Raises:
+        ValueError: ``max_blocks`` < 1.
+
+    Thread safety: not thread-safe; one cache per thread (the service hashes on its event loop).
+    """
+
+    def __init__(self, max_blocks: int) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks = {max_blocks}, expected ≥ 1")
+        self.max_blocks = max_blocks
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[tuple, bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple) -> bytes | None:
+        """The digest stored under ``key`` (now the most recently used), or None."""
+        digest = self._entries.get(key)
+        if digest is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(key)
+        return digest
+
+    def put(self, key: tuple, digest: bytes) -> None:
+        """Store ``digest`` under ``key``, dropping the least recently used entry past ``max_blocks``."""
+        self._entries[key] = digest
+        if len(self._entries) > self.max_blocks:
+            self._entries.popitem(last=False)
+
+
+class BlockHasher:
+    """Hashes prompts for one engine configuration (block size, hash seed, hash algorithm).
+
+    Args:
+        block_size_tokens: tokens per KV block (vLLM ``--block-size``), ≥ 1.
+        hash_seed: the engine's ``PYTHONHASHSEED`` string.
+        algorithm: the engine's ``--prefix-caching-hash-algo``, one of :data:`HASH_ALGORITHMS`.
+        cache: digests already computed, shared (None: hash every block). Prompts with a
+            token id outside ``[0, 2**32)`` are hashed without it.
+
+    Raises:
+        ValueError: ``block_size_tokens`` < 1, or an unknown ``algorithm``.
+    """
+
+    def __init__(
+        self,
+        block_size_tokens: int,
+        hash_seed: str = "0",
+        algorithm: str = DEFAULT_HASH_ALGORITHM,
+        cache: PrefixHashCache | None = None,
+    ) -> None:
+        if block_size_tokens < 1:
+            raise ValueError(f"block_size_tokens = {block_size_tokens}, expected ≥ 1")
+        self.block_size_tokens = block_size_tokens
+        self.hash_seed = hash_seed
+        self.algorithm = algorithm
+        self.cache = cache
+        self._hash = hash_function(algorithm)
+        self.none_hash = self._hash(hash_seed)
+
+    def digests(self, token_ids: Sequence[int], extra_keys: Sequence[Any] = (), salt: str | None = None) -> list[bytes]:
+        """Digests of the full blocks of ``token_ids``, prompt order (32 bytes each; 16 for the xxhash ones).
+
+        Args:
+            token_ids: the prompt's token ids (a sequence of ints or a 1-D integer array).
+            extra_keys: request keys vLLM puts on every block, first in each block's
+                extra keys: ``(lora_name,)`` for a LoRA request, ``()`` otherwise.
+            salt: the request's ``cache_salt`` (first block only); ``None`` or ``""`` for none.
+
+        Returns:
+            ``len(token_ids) // block_size_tokens`` digests.
+        """
+        if hasattr(token_ids, "tolist"):  # numpy arrays: CBOR encodes Python ints only
+            token_ids = token_ids.tolist()
+        size = self.block_size_tokens
+        common = tuple(extra_keys)
+        digest = self._hash
+        parent = self.none_hash
+        out = []
+        cache = self.cache
+        packed = b""
+        if cache is not None:
+            try:
+                packed = array("I", token_ids[: len(token_ids) - len(token_ids) % size]).tobytes()
+            except (OverflowError, TypeError):  # a token id that is no uint32: hash without the cache
+                cache = None
+        width = size * array("I").itemsize
+        for i, start in enumerate(range(0, len(token_ids) - size + 1, size)):
+            keys = (common + (salt,) if start == 0 and salt else common) or None
+            if cache is None:
+                parent = digest((parent, tuple(token_ids[start : start + size]), keys))
+            else:
+                key = (parent, packed[i * width : (i + 1) * width], keys)
+                found = cache.get(key)
+                if found is None:
+                    found = digest((parent, tuple(token_ids[start : start + size]), keys))
+                    cache.put(key, found)
+                parent = found
+            out.append(parent)
+        return out
+
+    def hashes(self, token_ids: Sequence[int], extra_keys: Sequence[Any] = (), salt: str | None = None) -> list[int]:
+        """The block hashes vLLM's KV events carry (64-bit ints) for ``token_ids``; see :meth:`digests`."""
+        return [external_hash(d) for d in self.digests(token_ids, extra_keys, salt)]
+
+
+def block_digests(
+    token_ids: Sequence[int],
+    block_size: int,
+    extra_keys: Sequence[Any] = (),
+    salt: str | None = None,
+    hash_seed: str = "0",
+    algorithm: str = DEFAULT_HASH_ALGORITHM,
+) -> list[bytes]:
+    """Digests of the full blocks of ``token_ids``; see :meth:`BlockHasher.digests`."""
+    return BlockHasher(block_size, hash_seed, algorithm).digests(token_ids, extra_keys, salt)
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    extra_keys: Sequence[Any] = (),
+    salt: str | None = None,
+    hash_seed: str = "0",
+    algorithm: str = DEFAULT_HASH_ALGORITHM,
+) -> list[int]:
+    """Chained block hashes of ``token_ids`` as vLLM's KV events carry them (ints in ``[0, 2**64)``).
+
+    Only full blocks are hashed: the result has ``len(token_ids) // block_size`` entries.
+    ``extra_keys`` go on every block (``(lora_name,)`` for a LoRA request), ``salt``
+    (the request's ``cache_salt``) on the first block only, ``hash_seed`` is the
+    engine's ``PYTHONHASHSEED``, ``algorithm`` its ``--prefix-caching-hash-algo``.
+    See the module docstring for the exact scheme.
+
+    Raises:
+        ValueError: ``block_size`` < 1, or an unknown ``algorithm``.
+    """
+    return BlockHasher(block_size, hash_seed, algorithm).hashes(token_ids, extra_keys, salt)

@@ -1,0 +1,540 @@
+"""The cache directory: which worker holds which prefix, in which tier, how fresh (DESIGN.md §2).
+
+Reuse is exact: an entry is reusable only inside one :class:`Namespace`
+(model, revision, adapter, block size, KV layout, cache salt) and only for the
+exact chain of block hashes. Because block hashes are chained (h_i depends on
+h_{i-1} and the tokens of block i, as in vLLM's prefix caching), a block hash
+identifies its whole prefix. The radix tree over block sequences is therefore
+stored as a flat table ``hash -> holders`` per namespace; walking a request's
+hashes in order is a walk from the root down the tree, and the first missing
+hash ends the match.
+
+Storage (per indexed block, measured by ``tests/routing/test_directory_bench.py``):
+the holders of a block are a set of ``(worker, tiers)``. The common case, one
+worker holding the block, is packed into a single int
+``worker_id << 5 | tier_mask`` (bit ``k`` of the mask set ⇔ the worker holds the
+block in the tier whose ``TIER_CODES`` code is ``k``); a block held by several
+workers keeps a ``dict[worker_id, tier_mask]``. A worker can hold one block in
+several tiers (vLLM's GPU prefix cache and its CPU offload each publish their own
+events); a match reports the fastest tier held (lowest code).
+
+Lookup speed: at 10^6 blocks each dictionary read is a cache miss, so a match must
+not read every block of a long request. A chain of blocks one worker stored in one
+tier (one BlockStored event, extended by the events whose ``parent_block_hash`` is
+the chain's last block: the next prefill chunks, the blocks decode fills) shares one
+packed holder object, a :class:`_Run`, that also keeps the chain's hashes; a match
+that reaches such a block compares the request's next hashes with the run's in one
+C-level slice comparison and skips the whole run. A run only vouches for its leading
+blocks that no later event changed (``intact``); past them the match reads block by
+block, which is also the worst case (events that name no parent).
+
+The directory is fed by events (a worker stored / removed blocks, or cleared
+everything); it knows only what the events told it, so it can lag the workers.
+A match is a hint, never a promise: the worker re-checks at admission. A worker
+whose event stream lost messages is marked *stale* (:meth:`CacheDirectory.mark_stale`)
+until its entries are cleared; matches report the flag.
+
+Approximate mode (workers that publish no events, as SGLang's router and AIBrix
+do it): :meth:`CacheDirectory.record_routed` records the blocks routed to a
+worker as held in ``"gpu"``, and :meth:`CacheDirectory.expire_routed` forgets
+them after a TTL.
+
+Thread safety: not thread-safe; one owner applies events and queries, or every
+caller holds one shared lock (``KVEventSubscriber.lock``). Time is always passed
+in (``now_s``); nothing reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from kvcost.core.types import TIER_CODES, DirectoryMatch, Namespace
+
+# Holder encoding (see the module docstring): the low _TIER_BITS bits of a packed
+# holder are the tier mask, the rest the worker id.
+_TIER_BITS = 5
+_MASK = (1 << _TIER_BITS) - 1
+_TIER_BIT: dict[str, int] = {name: 1 << code for name, code in TIER_CODES.items() if code > 0}
+assert max(TIER_CODES.values()) < _TIER_BITS, "tier codes must fit the packed tier mask"
+_TIERS_BY_CODE: tuple[str, ...] = tuple(sorted(_TIER_BIT, key=TIER_CODES.__getitem__))
+
+
+def _tiers_of_mask(mask: int) -> tuple[str, ...]:
+    return tuple(name for name in _TIERS_BY_CODE if mask & _TIER_BIT[name])
+
+
+#: Fastest tier (lowest code) of each tier mask; ``"none"`` for 0.
+_BEST_TIER: tuple[str, ...] = tuple((_tiers_of_mask(m) or ("none",))[0] for m in range(1 << _TIER_BITS))
+
+_Holders = int | dict  # packed single holder (an int or a _Run), or {worker_id: tier_mask}
+_NEVER = float("-inf")
+
+
+def _packable(worker_id: object) -> bool:
+    return type(worker_id) is int and worker_id >= 0
+
+
+class _Run(int):
+    """Packed single holder shared by a chain of blocks one worker stored in one tier.
+
+    Its int value is the packed holder. ``hashes`` is the chain, in order: the blocks
+    of an ``apply_stored`` call that created them all (at least 2), or a block and the
+    new blocks of a call naming it as ``parent_hash``, extended by later calls whose
+    ``parent_hash`` is the chain's last block (the next prefill chunk, the blocks
+    decode fills). The first ``intact`` hashes still have this object as their value:
+    changing one of them lowers ``intact`` (:func:`_detach`). Blocks may have this
+    object as value without being among the vouched hashes.
+    """
+
+    hashes: list[int]
+    intact: int
+
+
+def _detach(run: _Run, block_hash: int) -> None:
+    """``block_hash``, a block of ``run``, is about to get another value: shorten the run's intact prefix."""
+    intact = run.intact
+    if not intact:
+        return
+    if run.hashes[intact - 1] == block_hash:  # evictions come tail first
+        run.intact = intact - 1
+        return
+    try:
+        run.intact = run.hashes.index(block_hash, 0, intact)
+    except ValueError:
+        pass
+
+
+def _run_blocks(run: _Run, request: list[int], i: int) -> int:
+    """How many request blocks from ``i`` on (≥ 1; block ``i`` is in ``run``) the run vouches for."""
+    intact = run.intact
+    if intact < 2:
+        return 1
+    hashes = run.hashes
+    if hashes[0] == request[i]:
+        p = 0
+    else:
+        try:
+            p = hashes.index(request[i], 1, intact)
+        except ValueError:
+            return 1
+    k = min(intact - p, len(request) - i)
+    if k < 2 or request[i + 1 : i + k] == hashes[p + 1 : p + k]:
+        return max(k, 1)
+    lo, hi = 1, k - 1  # longest common prefix by bisection: request[i:i+lo] == hashes[p:p+lo]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if request[i + lo : i + mid] == hashes[p + lo : p + mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class CacheDirectory:
+    """Radix index over chained block hashes, per namespace, with tiers and freshness.
+
+    Example:
+        >>> ns = Namespace("llama-3-8b")
+        >>> d = CacheDirectory()
+        >>> d.apply_stored(ns, worker_id=0, block_hashes=[11, 12], parent_hash=None, tier="gpu", now_s=1.0)
+        >>> d.match(ns, [11, 12, 13], worker_ids=[0, 1], now_s=3.0)[0].reusable_blocks
+        2
+    """
+
+    def __init__(self) -> None:
+        self._trees: dict[Namespace, dict[int, _Holders]] = {}
+        self._last_event_s: dict[int, float] = {}
+        self._namespaces_of: dict[int, set[Namespace]] = {}  # namespaces a worker ever stored into
+        self._stale: set[int] = set()
+        # approximate mode: (namespace, worker) -> block hash -> last time routed, oldest first
+        self._routed: dict[tuple[Namespace, int], OrderedDict[int, float]] = {}
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def apply_stored(
+        self,
+        namespace: Namespace,
+        worker_id: int,
+        block_hashes: Sequence[int],
+        parent_hash: int | None,
+        tier: str,
+        now_s: float,
+    ) -> None:
+        """Record that ``worker_id`` now holds the chain ``block_hashes`` (child of ``parent_hash``) in ``tier``.
+
+        Matching does not need ``parent_hash`` (a chained hash already identifies its
+        prefix); it lets the directory see that the blocks continue a chain the worker
+        stored before, so lookups can skip along the whole chain at once. Storing a
+        block the worker already holds in another tier adds the tier.
+
+        Raises:
+            ValueError: unknown tier name.
+        """
+        bit = _TIER_BIT.get(tier)
+        if bit is None:
+            raise ValueError(f"tier = {tier!r}, expected one of gpu, cpu, disk, remote")
+        tree = self._trees.get(namespace)
+        if tree is None:
+            tree = self._trees[namespace] = {}
+        namespaces = self._namespaces_of.get(worker_id)
+        if namespaces is None:
+            namespaces = self._namespaces_of[worker_id] = set()
+        namespaces.add(namespace)
+        get = tree.get
+        if _packable(worker_id):
+            packed = (worker_id << _TIER_BITS) | bit
+            run = get(parent_hash) if parent_hash is not None else None
+            if type(run) is int and run == packed:  # the worker's chain continues: make its tail a run
+                run = tree[parent_hash] = _Run(packed)
+                run.hashes = [parent_hash]
+                run.intact = 1
+            extend = (
+                type(run) is _Run
+                and run == packed
+                and run.intact == len(run.hashes) > 0
+                and run.hashes[-1] == parent_hash
+            )
+            if not extend:
+                run = _Run(packed) if len(block_hashes) >= 2 else packed
+            created = 0
+            for block_hash in block_hashes:
+                holders = get(block_hash)
+                if holders is None:
+                    tree[block_hash] = run
+                    created += 1
+                elif type(holders) is dict:
+                    holders[worker_id] = holders.get(worker_id, 0) | bit
+                elif holders >> _TIER_BITS == worker_id:
+                    if not holders & bit:
+                        if type(holders) is _Run:
+                            _detach(holders, block_hash)
+                        tree[block_hash] = int(holders) | bit
+                else:
+                    if type(holders) is _Run:
+                        _detach(holders, block_hash)
+                    tree[block_hash] = {holders >> _TIER_BITS: holders & _MASK, worker_id: bit}
+            if type(run) is _Run:
+                if created == len(block_hashes):  # a chain of new blocks: the run can vouch for it
+                    if extend:
+                        run.hashes.extend(block_hashes)
+                    else:
+                        run.hashes = list(block_hashes)
+                    run.intact = len(run.hashes)
+                elif not extend:
+                    run.hashes = []
+                    run.intact = 0
+        else:
+            for block_hash in block_hashes:
+                holders = get(block_hash)
+                if holders is None:
+                    tree[block_hash] = {worker_id: bit}
+                elif type(holders) is dict:
+                    holders[worker_id] = holders.get(worker_id, 0) | bit
+                else:
+                    if type(holders) is _Run:
+                        _detach(holders, block_hash)
+                    tree[block_hash] = {holders >> _TIER_BITS: holders & _MASK, worker_id: bit}
+        self._last_event_s[worker_id] = now_s
+
+    def apply_removed(
+        self,
+        namespace: Namespace,
+        worker_id: int,
+        block_hashes: Iterable[int],
+        now_s: float,
+        tier: str | None = None,
+    ) -> None:
+        """Record that ``worker_id`` dropped ``block_hashes``; nodes with no holder left are deleted.
+
+        Args:
+            tier: drop only this tier (the worker may still hold the block in another);
+                ``None`` drops every tier.
+
+        Raises:
+            ValueError: unknown tier name.
+        """
+        clear_mask = _clear_mask(tier)
+        tree = self._trees.get(namespace)
+        if tree is not None:
+            _drop(tree, worker_id, block_hashes, clear_mask)
+        self._last_event_s[worker_id] = now_s
+
+    def apply_removed_everywhere(
+        self, worker_id: int, block_hashes: Iterable[int], now_s: float, tier: str | None = None
+    ) -> None:
+        """Drop ``block_hashes`` of ``worker_id`` in every namespace it has stored into.
+
+        vLLM's BlockRemoved event names neither adapter nor salt, so the caller cannot
+        tell the namespace; the hashes themselves are namespace-specific.
+
+        Args:
+            tier: drop only this tier (the worker may still hold the block in another);
+                ``None`` drops every tier.
+
+        Raises:
+            ValueError: unknown tier name.
+        """
+        clear_mask = _clear_mask(tier)
+        namespaces = self._namespaces_of.get(worker_id, ())
+        if len(namespaces) == 1:
+            (namespace,) = namespaces
+            _drop(self._trees[namespace], worker_id, block_hashes, clear_mask)
+        elif namespaces:
+            hashes = list(block_hashes)
+            for namespace in namespaces:
+                _drop(self._trees[namespace], worker_id, hashes, clear_mask)
+        self._last_event_s[worker_id] = now_s
+
+    def clear_worker(self, worker_id: int, now_s: float, tier: str | None = None) -> None:
+        """Drop the entries of ``worker_id`` in every namespace: an engine restart (every tier) or
+        vLLM's AllBlocksCleared (``tier="gpu"``: ``reset_prefix_cache`` empties the GPU block pool,
+        not the offload connector's CPU / disk copies).
+
+        Once the worker holds nothing in any tier it is no longer stale (the directory's view
+        of it is exact: empty); a full clear also forgets its approximate-mode records.
+
+        Raises:
+            ValueError: unknown tier name.
+        """
+        clear_mask = _clear_mask(tier)
+        held_elsewhere = False
+        for namespace in list(self._namespaces_of.get(worker_id, ())):
+            tree = self._trees[namespace]
+            mine = [h for h, v in tree.items() if (worker_id in v if type(v) is dict else v >> _TIER_BITS == worker_id)]
+            _drop(tree, worker_id, mine, clear_mask)
+            if tier is not None and not held_elsewhere:
+                held_elsewhere = any(h in tree and _mask_of(tree[h], worker_id) for h in mine)
+        if not held_elsewhere:
+            self._namespaces_of.pop(worker_id, None)
+            self._stale.discard(worker_id)
+        if tier is None:
+            for key in [key for key in self._routed if key[1] == worker_id]:
+                del self._routed[key]
+        self._last_event_s[worker_id] = now_s
+
+    def touch(self, worker_id: int, now_s: float) -> None:
+        """Record that the directory heard from ``worker_id`` at ``now_s`` (restarts its entries' age)."""
+        self._last_event_s[worker_id] = now_s
+
+    def mark_stale(self, worker_id: int) -> None:
+        """Flag ``worker_id``'s entries as possibly wrong (its event stream lost messages).
+
+        The flag is reported in :attr:`DirectoryMatch.stale` and cleared by
+        :meth:`clear_worker` (an engine restart or AllBlocksCleared makes the view exact again).
+        """
+        self._stale.add(worker_id)
+
+    def is_stale(self, worker_id: int) -> bool:
+        """Whether :meth:`mark_stale` flagged ``worker_id`` since its last :meth:`clear_worker`."""
+        return worker_id in self._stale
+
+    # -- approximate mode -----------------------------------------------------------------------
+
+    def record_routed(self, namespace: Namespace, worker_id: int, block_hashes: Sequence[int], now_s: float) -> None:
+        """Approximate mode: assume ``worker_id`` holds ``block_hashes`` in ``"gpu"`` because they were routed there.
+
+        For workers that publish no KV events. Each block's routing time is kept so
+        :meth:`expire_routed` can forget it; routing a block again renews it. Counts as
+        hearing from the worker (its entries' age restarts at ``now_s``).
+        """
+        self.apply_stored(namespace, worker_id, block_hashes, None, "gpu", now_s)
+        key = (namespace, worker_id)
+        routed = self._routed.get(key)
+        if routed is None:
+            routed = self._routed[key] = OrderedDict()
+        for block_hash in block_hashes:
+            routed[block_hash] = now_s
+            routed.move_to_end(block_hash)
+
+    def expire_routed(self, now_s: float, ttl_s: float) -> int:
+        """Forget approximate-mode blocks last routed more than ``ttl_s`` before ``now_s``.
+
+        A block routed at ``t`` is dropped (its ``"gpu"`` tier, for that worker) when
+        ``t < now_s − ttl_s``. Assumes the ``now_s`` passed to :meth:`record_routed`
+        never decreases (records are kept oldest first).
+
+        Returns:
+            Blocks dropped.
+        """
+        cutoff_s = now_s - ttl_s
+        dropped = 0
+        for key in list(self._routed):
+            routed = self._routed[key]
+            expired = []
+            while routed:
+                block_hash, routed_s = next(iter(routed.items()))
+                if routed_s >= cutoff_s:
+                    break
+                routed.popitem(last=False)
+                expired.append(block_hash)
+            if expired:
+                namespace, worker_id = key
+                _drop(self._trees[namespace], worker_id, expired, _TIER_BIT["gpu"])
+                dropped += len(expired)
+            if not routed:
+                del self._routed[key]
+        return dropped
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def match(
+        self, namespace: Namespace, block_hashes: Sequence[int], worker_ids: Sequence[int], now_s: float
+    ) -> list[DirectoryMatch]:
+        """Longest prefix of ``block_hashes`` held by each of ``worker_ids``.
+
+        Args:
+            block_hashes: the request's full-block hashes, in prompt order.
+            worker_ids: candidates; the result has one entry per candidate, same order.
+            now_s: current time, for the entry age.
+
+        Returns:
+            ``list[DirectoryMatch]`` of length ``len(worker_ids)``.
+        """
+        tree = self._trees.get(namespace)
+        depth: dict[int, int] = {}  # worker -> matched blocks, for workers with at least one
+        if tree and worker_ids:
+            request = block_hashes if type(block_hashes) is list else list(block_hashes)
+            n = len(request)
+            get = tree.get
+            alive = set(worker_ids)  # workers holding every block walked so far
+            i = 0
+            while i < n:
+                holders = get(request[i])
+                if holders is None:
+                    break
+                if type(holders) is dict:
+                    if not alive <= holders.keys():
+                        dropped = alive - holders.keys()
+                        depth.update(dict.fromkeys(dropped, i))
+                        alive -= dropped
+                        if not alive:
+                            break
+                    i += 1
+                    continue
+                holder = holders >> _TIER_BITS
+                if holder not in alive:
+                    break
+                if len(alive) > 1:
+                    alive.discard(holder)
+                    depth.update(dict.fromkeys(alive, i))
+                    alive = {holder}
+                i += _run_blocks(holders, request, i) if type(holders) is _Run else 1
+            depth.update(dict.fromkeys(alive, i))
+        last = self._last_event_s
+        stale = self._stale
+        result = []
+        for worker_id in worker_ids:
+            blocks = depth.get(worker_id, 0)
+            tier = "none"
+            if blocks:
+                holders = tree[block_hashes[blocks - 1]]
+                tier = _BEST_TIER[holders[worker_id] if type(holders) is dict else holders & _MASK]
+            result.append(
+                DirectoryMatch(worker_id, blocks, tier, now_s - last.get(worker_id, _NEVER), worker_id in stale)
+            )
+        return result
+
+    def match_tiers(
+        self, namespace: Namespace, block_hashes: Sequence[int], worker_ids: Sequence[int]
+    ) -> dict[int, tuple[int, int, int]]:
+        """Leading blocks of ``block_hashes`` each worker holds, by how deep a tier it may read them from.
+
+        For a tiered worker (GPU backed by CPU DRAM and disk), block ``k`` can be
+        reused if it sits in any of the worker's tiers; what it costs depends on
+        which. Walks block by block (no run skipping), so it costs one dictionary
+        read per block; use :meth:`match` when tiers do not matter.
+
+        Args:
+            block_hashes: the request's full-block hashes, in prompt order.
+            worker_ids: workers (or the remote store's id) to report.
+
+        Returns:
+            ``{worker_id: (gpu_blocks, cpu_blocks, any_blocks)}``: leading blocks held
+            in the GPU tier; in the GPU or CPU tier; in any tier. Non-decreasing;
+            ``(0, 0, 0)`` for a worker holding nothing.
+        """
+        tree = self._trees.get(namespace, {})
+        limits = (_TIER_BIT["gpu"], _TIER_BIT["gpu"] | _TIER_BIT["cpu"], _MASK)
+        depth = {worker_id: [0, 0, 0] for worker_id in worker_ids}
+        open_levels = {worker_id: [0, 1, 2] for worker_id in worker_ids}
+        for i, block_hash in enumerate(block_hashes):
+            holders = tree.get(block_hash)
+            if holders is None or not open_levels:
+                break
+            for worker_id in list(open_levels):
+                mask = _mask_of(holders, worker_id)
+                levels = [level for level in open_levels[worker_id] if mask & limits[level]]
+                for level in levels:
+                    depth[worker_id][level] = i + 1
+                if levels:
+                    open_levels[worker_id] = levels
+                else:
+                    del open_levels[worker_id]
+        return {worker_id: tuple(d) for worker_id, d in depth.items()}
+
+    def holders(self, namespace: Namespace, block_hash: int) -> dict[int, tuple[str, ...]]:
+        """Workers holding ``block_hash`` in ``namespace``, each with its tiers (fastest first)."""
+        holders = self._trees.get(namespace, {}).get(block_hash)
+        if holders is None:
+            return {}
+        if type(holders) is dict:
+            return {worker_id: _tiers_of_mask(mask) for worker_id, mask in holders.items()}
+        return {holders >> _TIER_BITS: _tiers_of_mask(holders & _MASK)}
+
+    def num_blocks(self, namespace: Namespace | None = None) -> int:
+        """Distinct block hashes known (in one namespace, or all)."""
+        if namespace is not None:
+            return len(self._trees.get(namespace, {}))
+        return sum(len(tree) for tree in self._trees.values())
+
+
+def _mask_of(holders: _Holders, worker_id: int) -> int:
+    """Tier mask of ``worker_id`` in a block's holders (0 when it does not hold the block)."""
+    if type(holders) is dict:
+        return holders.get(worker_id, 0)
+    return holders & _MASK if holders >> _TIER_BITS == worker_id else 0
+
+
+def _clear_mask(tier: str | None) -> int:
+    """Tier bits to clear for ``tier`` (every bit for ``None``); ValueError for an unknown name."""
+    if tier is None:
+        return _MASK
+    if tier not in _TIER_BIT:
+        raise ValueError(f"tier = {tier!r}, expected one of gpu, cpu, disk, remote")
+    return _TIER_BIT[tier]
+
+
+def _drop(tree: dict[int, _Holders], worker_id: int, block_hashes: Iterable[int], clear_mask: int) -> None:
+    """Clear the tier bits ``clear_mask`` of ``worker_id`` on ``block_hashes``; delete blocks nobody holds."""
+    get = tree.get
+    keep_mask = _MASK & ~clear_mask
+    for block_hash in block_hashes:
+        holders = get(block_hash)
+        if holders is None:
+            continue
+        if type(holders) is not dict:
+            if holders >> _TIER_BITS != worker_id:
+                continue
+            if type(holders) is _Run:
+                _detach(holders, block_hash)
+            mask = holders & keep_mask
+            if mask:
+                tree[block_hash] = (holders & ~_MASK) | mask
+            else:
+                del tree[block_hash]
+            continue
+        mask = holders.get(worker_id)
+        if mask is None:
+            continue
+        mask &= keep_mask
+        if mask:
+            holders[worker_id] = mask
+            continue
+        del holders[worker_id]
+        if len(holders) == 1:
+            ((other, other_mask),) = holders.items()
+            if _packable(other):
+                tree[block_hash] = (other << _TIER_BITS) | other_mask
+        elif not holders:
+            del tree[block_hash]

@@ -1,0 +1,339 @@
+"""The embedded router: the one routing code path used by the simulator and (later) the API.
+
+For each request: look up the directory, build one feature row per candidate,
+predict the TTFT terms, compose them on the critical path, apply the
+hot-spot skew limit, and let the configured policy choose. Every decision
+carries its full per-candidate breakdown for the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from kvcost.core.composition import CalibratedTTFT
+from kvcost.core.hardware import StepTimeModel
+from kvcost.core.types import (
+    REMOTE_STORE_ID,
+    DirectoryMatch,
+    Namespace,
+    ReusePlan,
+    RouteDecision,
+    RouteRequest,
+    WorkerSnapshot,
+    reusable_tokens_for,
+)
+from kvcost.features.build import build_features
+from kvcost.features.nominal import NominalCosts
+from kvcost.models.term_set import TermModelSet
+from kvcost.routing.compatibility import conversion_factor, serves
+from kvcost.routing.directory import CacheDirectory
+from kvcost.routing.policies import PolicyContext, make_policy
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    """Router configuration.
+
+    Attributes:
+        policy: registered policy name (``round_robin``, ``least_loaded``, ``cost_aware``).
+        skew_window_requests: decisions in the hot-spot window (≥ 1).
+        max_share_over_mean: a worker whose share of the window's routed input
+            tokens exceeds ``(1 + max_share_over_mean) / n_workers`` is excluded
+            for ``cost_aware`` (unless every worker is). ≥ 0.
+        costs: nominal per-request costs (lookup, first token, expected decode tokens, links).
+        tiers: count prefixes held in the workers' CPU and disk tiers as reusable (paying
+            their load time in L), not only GPU-resident ones.
+        transfers: also consider fetching the longest compatible prefix from another
+            worker or the remote store (paying X, overlapped with the queue); needs ``tiers``.
+    """
+
+    policy: str = "cost_aware"
+    skew_window_requests: int = 64
+    max_share_over_mean: float = 1.0
+    costs: NominalCosts = field(default_factory=NominalCosts)
+    tiers: bool = False
+    transfers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.skew_window_requests < 1:
+            raise ValueError(f"skew_window_requests = {self.skew_window_requests}, expected an integer ≥ 1")
+        if not self.max_share_over_mean >= 0:
+            raise ValueError(f"max_share_over_mean = {self.max_share_over_mean}, expected a number ≥ 0")
+        if self.transfers and not self.tiers:
+            raise ValueError("transfers = True needs tiers = True (fetched KV is staged in a worker's CPU tier)")
+
+
+def load_tokens(snapshots: Sequence[WorkerSnapshot], expected_decode_tokens: int) -> np.ndarray:
+    """Outstanding work per worker in tokens: queued prefill + running × expected decode tokens. ``(n,)`` float64."""
+    return np.array(
+        [s.queued_prefill_tokens + s.running_requests * expected_decode_tokens for s in snapshots],
+        dtype=np.float64,
+    )
+
+
+def _fetch_reason(plan: ReusePlan, ctx: PolicyContext, local_s: float, index: int) -> str:
+    """Why a fetch won: what moves from where, and its predicted TTFT against the worker's own tiers."""
+    source = "the remote store" if plan.source_id == REMOTE_STORE_ID else f"worker {plan.source_id}"
+    conversion = " with layout conversion" if plan.conversion_factor else ""
+    score = ctx.calibrated.p50_s[index] if ctx.calibrated is not None else ctx.predictions.ttft_s[index]
+    return (
+        f"fetch {plan.fetch_blocks} blocks from {source}{conversion}: "
+        f"{score * 1e3:.1f} ms vs {local_s * 1e3:.1f} ms with its own tiers"
+    )
+
+
+class Router:
+    """Cache- and load-aware router.
+
+    Args:
+        directory: the cache directory it reads (fed elsewhere by KV events).
+        step_models: nominal step-time model per GPU type name.
+        settings: policy and limits.
+        cost_model: per-term predictor of the candidates' TTFT, a
+            :class:`~kvcost.models.term_set.TermModelSet` (or anything with ``predict``,
+            ``calibrate`` and ``learned``). None = the analytic model.
+            ``learned_cost_aware`` without a learned model falls back to the
+            analytic one and says so once (a log warning and ``fallbacks``).
+
+    Thread safety: not thread-safe (the skew window and stateful policies
+    change on every decision); one router per event loop.
+    """
+
+    def __init__(
+        self,
+        directory: CacheDirectory,
+        step_models: Mapping[str, StepTimeModel],
+        settings: RouterSettings,
+        cost_model: object | None = None,
+    ) -> None:
+        self.directory = directory
+        self.step_models = dict(step_models)
+        self.settings = settings
+        self.policy = make_policy(settings.policy)
+        self.fallbacks = 0
+        self.cost_model = TermModelSet.analytic()
+        self.set_cost_model(cost_model)
+        self._window: deque[tuple[int, int]] = deque(maxlen=settings.skew_window_requests)
+        self._window_tokens: dict[int, int] = {}
+
+    def set_cost_model(self, cost_model: TermModelSet | None) -> None:
+        """Swap the cost model (e.g. newly retrained models); None = the analytic model."""
+        if cost_model is None and self.settings.policy == "learned_cost_aware" and not self.fallbacks:
+            _log.warning("learned_cost_aware has no learned model: routing with the analytic model")
+            self.fallbacks += 1
+        self.cost_model = cost_model if cost_model is not None else TermModelSet.analytic()
+
+    def route(
+        self,
+        request: RouteRequest,
+        snapshots: Sequence[WorkerSnapshot],
+        now_s: float,
+        true_ttft_s: Callable[[], np.ndarray] | None = None,
+    ) -> RouteDecision:
+        """Choose a worker for ``request`` among ``snapshots`` (non-empty).
+
+        Args:
+            request: the request.
+            snapshots: candidate workers' load.
+            now_s: decision time.
+            true_ttft_s: replay only: the simulator's true TTFT per candidate (for ``oracle``).
+
+        Raises:
+            ValueError: no candidates.
+        """
+        if not snapshots:
+            raise ValueError("snapshots is empty, expected at least one candidate worker")
+        snapshots = self._compatible(request, snapshots)
+        worker_ids = tuple(s.worker_id for s in snapshots)
+        matches = self._match(request, snapshots, now_s)
+        options = self._plans(request, snapshots) if self.settings.tiers else None
+        reusable, features, predictions, calibrated, plans, local_score = self._score(
+            request, snapshots, matches, options
+        )
+        ctx = PolicyContext(
+            request=request,
+            snapshots=tuple(snapshots),
+            reusable_tokens=reusable,
+            predictions=predictions,
+            load_tokens=load_tokens(snapshots, self.settings.costs.expected_decode_tokens),
+            allowed=self._skew_allowed(worker_ids),
+            now_s=now_s,
+            matches=tuple(matches),
+            step_models=self.step_models,
+            features=features,
+            calibrated=calibrated,
+            true_ttft_s=true_ttft_s,
+        )
+        index, reason = self.policy.choose(ctx)
+        if plans and plans[index].option == "fetch":
+            reason += "; " + _fetch_reason(plans[index], ctx, local_score[index], index)
+        on_routed = getattr(self.policy, "on_routed", None)
+        if on_routed is not None:
+            on_routed(ctx, index)
+        self._record(worker_ids[index], request.input_tokens)
+        return RouteDecision(
+            request_id=request.request_id,
+            worker_id=worker_ids[index],
+            chosen_index=index,
+            worker_ids=worker_ids,
+            reason=reason,
+            matches=tuple(matches),
+            reusable_tokens=reusable,
+            features=features,
+            predictions=predictions,
+            calibrated=calibrated,
+            plans=plans,
+        )
+
+    # -- candidates, directory and options --------------------------------------------------------
+
+    @staticmethod
+    def _compatible(request: RouteRequest, snapshots: Sequence[WorkerSnapshot]) -> Sequence[WorkerSnapshot]:
+        """Candidates that can serve the request's namespace (all of them when none says otherwise).
+
+        Raises:
+            ValueError: no candidate serves the request's model, revision, adapter and block size.
+        """
+        compatible = [s for s in snapshots if serves(s.namespace, request.namespace)]
+        if not compatible:
+            raise ValueError(
+                f"no candidate serves namespace {request.namespace}: candidates' namespaces are "
+                f"{sorted({str(s.namespace) for s in snapshots})}"
+            )
+        return compatible if len(compatible) < len(snapshots) else snapshots
+
+    @staticmethod
+    def _namespace_of(request: RouteRequest, snapshot: WorkerSnapshot) -> Namespace:
+        """The directory namespace of the worker's KV: the request's, in the worker's KV layout."""
+        if snapshot.namespace is None or snapshot.namespace.kv_layout == request.namespace.kv_layout:
+            return request.namespace
+        return replace(request.namespace, kv_layout=snapshot.namespace.kv_layout)
+
+    def _match(self, request: RouteRequest, snapshots, now_s: float) -> list[DirectoryMatch]:
+        """Directory match per candidate, each in its own KV layout's namespace."""
+        by_namespace: dict[Namespace, list[int]] = {}
+        for snapshot in snapshots:
+            by_namespace.setdefault(self._namespace_of(request, snapshot), []).append(snapshot.worker_id)
+        found: dict[int, DirectoryMatch] = {}
+        for namespace, ids in by_namespace.items():
+            for match in self.directory.match(namespace, request.block_hashes, ids, now_s):
+                found[match.worker_id] = match
+        return [found[s.worker_id] for s in snapshots]
+
+    def _plans(self, request: RouteRequest, snapshots) -> tuple[list[ReusePlan], list[int]]:
+        """Every option per candidate: its own tiers (``local``), and a ``fetch`` of a longer prefix.
+
+        Returns:
+            ``(plans, owners)``: ``local`` plans first (one per candidate, in order), then
+            one ``fetch`` plan per candidate for which a compatible source (another
+            candidate, or the remote store, in any convertible layout) holds a longer
+            prefix than the candidate's own tiers; ``owners[k]`` is the candidate index
+            of ``plans[k]``. The longest source wins, ties to the cheaper conversion,
+            then the remote store, then the lowest worker id.
+        """
+        depths: dict[tuple[str, int], tuple[int, int, int]] = {}  # (layout, holder) -> (gpu, cpu, any)
+        for namespace in {self._namespace_of(request, s) for s in snapshots}:
+            holders = [s.worker_id for s in snapshots if self._namespace_of(request, s) == namespace]
+            if self.settings.transfers:
+                holders.append(REMOTE_STORE_ID)
+            for holder, depth in self.directory.match_tiers(namespace, request.block_hashes, holders).items():
+                depths[(namespace.kv_layout, holder)] = depth
+        plans = []
+        for s in snapshots:
+            gpu, cpu, any_tier = depths[(self._namespace_of(request, s).kv_layout, s.worker_id)]
+            plans.append(ReusePlan("local", gpu, cpu - gpu, any_tier - cpu))
+        owners = list(range(len(snapshots)))
+        if not self.settings.transfers:
+            return plans, owners
+        for i, (s, local) in enumerate(zip(snapshots, list(plans), strict=True)):
+            fetch = self._best_source(self._namespace_of(request, s).kv_layout, s.worker_id, depths)
+            if fetch is not None and fetch[0] > local.reusable_blocks:
+                depth, factor, source = fetch
+                extra = depth - local.reusable_blocks
+                plans.append(
+                    replace(local, option="fetch", fetch_blocks=extra, source_id=source, conversion_factor=factor)
+                )
+                owners.append(i)
+        return plans, owners
+
+    @staticmethod
+    def _best_source(layout: str, worker_id: int, depths) -> tuple[int, float, int] | None:
+        """``(blocks, conversion_factor, source_id)`` of the longest prefix ``worker_id`` could fetch."""
+        best = None
+        for (source_layout, source), (_, _, blocks) in depths.items():
+            if source == worker_id or not blocks:
+                continue
+            factor = conversion_factor(source_layout, layout)
+            if factor is None:
+                continue
+            key = (blocks, -factor, source == REMOTE_STORE_ID, -source)
+            if best is None or key > best[0]:
+                best = (key, (blocks, factor, source))
+        return best[1] if best is not None else None
+
+    def _score(self, request: RouteRequest, snapshots, matches, options):
+        """Predict every option in one call; keep each candidate's best one (by the routing score).
+
+        The score is the calibrated P50 when the cost model is learned, else the
+        composed TTFT, as the cost-aware policies use it.
+
+        Returns:
+            ``(reusable_tokens, features, predictions, calibrated, plans, local_score)`` per
+            candidate; ``plans`` is ``()`` and ``local_score`` None when the router plans
+            GPU-resident prefixes only, else ``local_score`` is each candidate's score
+            with its own tiers (the alternative a fetch beat), seconds.
+        """
+        n = len(snapshots)
+        block_size = request.namespace.block_size_tokens
+        plans = None
+        if options is None:
+            blocks = [m.reusable_blocks for m in matches]
+            row_snapshots, row_matches = snapshots, matches
+        else:
+            plans, owner = options
+            blocks = [p.reusable_blocks for p in plans]
+            row_snapshots = [snapshots[i] for i in owner]
+            row_matches = [matches[i] for i in owner]
+        reusable = np.array([reusable_tokens_for(b, block_size, request.input_tokens) for b in blocks], dtype=np.int64)
+        features = build_features(
+            request, row_snapshots, row_matches, reusable, self.step_models, self.settings.costs, plans
+        )
+        predictions = self.cost_model.predict(features)
+        calibrated = self.cost_model.calibrate(predictions) if self.cost_model.learned else None
+        if plans is None:
+            return reusable, features, predictions, calibrated, (), None
+        score = calibrated.p50_s if calibrated is not None else predictions.ttft_s
+        best = list(range(n))
+        for row in range(n, len(plans)):
+            i = owner[row]
+            if score[row] < score[best[i]]:
+                best[i] = row
+        index = np.array(best)
+        chosen_calibrated = None
+        if calibrated is not None:
+            chosen_calibrated = CalibratedTTFT(calibrated.p50_s[index], calibrated.p90_s[index])
+        chosen_plans = tuple(plans[i] for i in best)
+        chosen = (reusable[index], features[index], predictions.take(index), chosen_calibrated, chosen_plans)
+        return (*chosen, score[:n])
+
+    def _skew_allowed(self, worker_ids: tuple[int, ...]) -> np.ndarray:
+        total = sum(self._window_tokens.values())
+        if total == 0:
+            return np.ones(len(worker_ids), dtype=bool)
+        cap = (1.0 + self.settings.max_share_over_mean) / len(worker_ids)
+        allowed = np.array([self._window_tokens.get(w, 0) / total <= cap for w in worker_ids])
+        return allowed if allowed.any() else np.ones(len(worker_ids), dtype=bool)
+
+    def _record(self, worker_id: int, tokens: int) -> None:
+        if len(self._window) == self._window.maxlen:
+            old_worker, old_tokens = self._window[0]
+            self._window_tokens[old_worker] -= old_tokens
+        self._window.append((worker_id, tokens))
+        self._window_tokens[worker_id] = self._window_tokens.get(worker_id, 0) + tokens

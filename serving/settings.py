@@ -1,0 +1,202 @@
+"""Configuration of ``kvcost serve``: :class:`ServiceSettings` and the parsers of its option values."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kvcost.core.hardware import GPUS, MODELS
+from kvcost.core.types import Namespace
+from kvcost.routing.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS
+from kvcost.routing.compatibility import parse_layout
+from kvcost.routing.policies import ROUTER_POLICIES
+from kvcost.serving.engines.engine_metrics import parse_scrape_target
+from kvcost.serving.engines.kv_subscriber import KVEventSource
+from kvcost.serving.schemas import MAX_BLOCK_SIZE_TOKENS
+
+#: Policies that need inputs only a replay has (``oracle`` reads the simulator's true TTFT).
+REPLAY_ONLY_POLICIES = frozenset({"oracle"})
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1); False for any other name or address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ServiceSettings(BaseModel):
+    """Configuration of ``kvcost serve`` (the CLI options map one to one).
+
+    Refuses an unsafe setup: a non-loopback ``host`` without ``token_file``
+    leaves the write endpoints open to the network, and is accepted only with
+    ``insecure=True``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    db_path: Path = Field(description="DuckDB log the service appends to (it holds the write lock)")
+    mlflow_uri: str | None = Field(None, description="MLflow tracking URI of the champion; None = analytic only")
+    token_file: Path | None = Field(None, description="file holding the bearer token of the write endpoints")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    insecure: bool = Field(False, description="allow a non-loopback host without a token")
+    model: str = Field("llama-3-8b", description="served model's hardware profile (kvcost.core.hardware.MODELS)")
+    gpu_default: str = Field("a100", description="GPU type of a snapshot that names none")
+    block_size_tokens: int = Field(
+        512, ge=1, le=MAX_BLOCK_SIZE_TOKENS, description="block size of a namespace without one"
+    )
+    policy: str = Field("learned_cost_aware", description="router policy (ROUTER_POLICIES)")
+    tiers: bool = Field(
+        False,
+        description="count prefixes the engines hold in CPU / disk tiers (KV events with medium CPU, ...) as "
+        "reusable, paying their load time in L (engines with an offloading connector such as LMCache)",
+    )
+    reuse_model_dir: Path | None = Field(
+        None,
+        description="folder of a saved P(reuse) model (kvcost eviction-study writes one per cache size under "
+        "reuse_models/): POST /v1/evict/rank's cost_aware uses it and its H; None = the recency prior",
+    )
+    max_body_bytes: int = Field(16 * 2**20, ge=1024, description="larger request bodies get 413")
+    max_decisions: int = Field(100_000, ge=1, description="decisions kept in memory for /v1/observe (LRU)")
+    max_workers: int = Field(65_536, ge=1, description="workers with a pushed snapshot")
+    max_queued_writes: int = Field(100_000, ge=1, description="log writes queued before writes are refused")
+    decision_linger_s: float = Field(
+        0.05, ge=0, le=10, description="decisions wait up to this long to be committed together"
+    )
+    model_load_timeout_s: float = Field(60.0, gt=0, description="champion load / registry listing timeout")
+    segment_roll_interval_s: float = Field(
+        60.0, ge=0, description="roll the log into Parquet segments for readers (kvcost retrain) this often; 0 = never"
+    )
+    run_id: str | None = Field(None, max_length=128, description="log run id; None = serve-<UTC time>-<random>")
+    hash_algorithm: str = Field(
+        DEFAULT_HASH_ALGORITHM,
+        description="the engines' --prefix-caching-hash-algo: token ids are hashed as they hash them "
+        f"({', '.join(HASH_ALGORITHMS)}; vLLM's default is {DEFAULT_HASH_ALGORITHM})",
+    )
+    hash_seed: str = Field(
+        "0",
+        max_length=256,
+        description="the engines' PYTHONHASHSEED (vLLM seeds its block-hash chain with it; engines without "
+        "one hash from a random seed, and no router can match their blocks from token ids)",
+    )
+    hash_cache_blocks: int = Field(
+        16_384,
+        ge=0,
+        le=2**24,
+        description="block digests kept so that shared prefixes are hashed once (LRU; about 150 + 4 × block "
+        "size bytes each); 0 = no cache",
+    )
+    kv_events: list[str] = Field(
+        default_factory=list,
+        description="vLLM KV event streams, WORKER=tcp://HOST:PORT[,tcp://HOST:PORT of its replay socket] (one "
+        "per engine); their blocks fill the directory in the namespace of event_namespace()",
+    )
+    served_model_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="model name requests carry (vLLM --served-model-name); None = model",
+    )
+    revision: str = Field(
+        "main", min_length=1, max_length=256, description="model revision of the engines (vLLM --revision)"
+    )
+    kv_layout: str = Field("bf16-tp1", max_length=256, description="KV dtype and tensor-parallel split of the engines")
+    scrape: list[str] = Field(
+        default_factory=list,
+        description="engines' Prometheus endpoints, WORKER=http://HOST:PORT/metrics (vLLM or SGLang); each "
+        "scrape becomes the worker's snapshot, as a POST /v1/workers/WORKER/snapshot would",
+    )
+    scrape_interval_s: float = Field(1.0, gt=0, le=3600, description="time between two scrapes of every engine")
+    scrape_timeout_s: float = Field(1.0, gt=0, le=60, description="limit of one scrape's HTTP request")
+
+    def event_namespace(self) -> Namespace:
+        """Namespace of the blocks the KV event streams report: a request reuses them only if its
+        namespace (model, revision, adapter, block size, KV layout) is this one (an adapter's own
+        blocks: the same with the event's ``lora_name``)."""
+        return Namespace(
+            self.served_model_name or self.model,
+            revision=self.revision,
+            block_size_tokens=self.block_size_tokens,
+            kv_layout=self.kv_layout,
+        )
+
+    @model_validator(mode="after")
+    def _check(self) -> ServiceSettings:
+        if self.model not in MODELS:
+            raise ValueError(f"model = {self.model!r}, expected one of {', '.join(MODELS.names())}")
+        if self.gpu_default not in GPUS:
+            raise ValueError(f"gpu_default = {self.gpu_default!r}, expected one of {', '.join(GPUS.names())}")
+        usable = [p for p in ROUTER_POLICIES.names() if p not in REPLAY_ONLY_POLICIES]
+        if self.policy not in usable:
+            raise ValueError(f"policy = {self.policy!r}, expected one of {', '.join(usable)}")
+        if self.hash_algorithm not in HASH_ALGORITHMS:
+            raise ValueError(f"hash_algorithm = {self.hash_algorithm!r}, expected one of {', '.join(HASH_ALGORITHMS)}")
+        if self.reuse_model_dir is not None and not self.reuse_model_dir.is_dir():
+            raise ValueError(
+                f"reuse_model_dir = {str(self.reuse_model_dir)!r} is not a folder, expected one that kvcost "
+                "eviction-study wrote (OUT/reuse_models/fraction_*)"
+            )
+        parse_layout(self.kv_layout)
+        fed = [parse_kv_event_source(spec).worker_id for spec in self.kv_events]
+        if len(set(fed)) != len(fed):
+            raise ValueError(f"kv_events names worker ids {fed}; each worker may have one event stream")
+        scraped = [parse_scrape_target(spec).worker_id for spec in self.scrape]
+        if len(set(scraped)) != len(scraped):
+            raise ValueError(f"scrape names worker ids {scraped}; each worker may be scraped once")
+        if not is_loopback(self.host) and self.token_file is None and not self.insecure:
+            raise ValueError(
+                f"host = {self.host!r} is not a loopback address and no token file is given: the write "
+                "endpoints would be open to the network; pass --token-file FILE (or --insecure)"
+            )
+        return self
+
+
+def parse_kv_event_source(spec: str) -> KVEventSource:
+    """Parse ``WORKER=PUB[,REPLAY]`` (each ``tcp://HOST:PORT`` or ``ipc://PATH``) into a source.
+
+    ``PUB`` is the engine's KV event publisher (vLLM ``--kv-events-config``
+    ``endpoint``), ``REPLAY`` its optional replay ROUTER socket (``replay_endpoint``):
+    with it a gap in the sequence numbers is filled by asking the engine for the
+    missed batches; without it the worker's entries are marked stale.
+
+    Raises:
+        ValueError: naming the entry and the expected form (a port outside 1–65535,
+            an empty host or path, a scheme other than tcp / ipc).
+    """
+    expected = "expected WORKER=tcp://HOST:PORT[,tcp://HOST:PORT] such as '0=tcp://10.0.0.5:5557,tcp://10.0.0.5:5558'"
+    worker, sep, endpoints = spec.partition("=")
+    parts = endpoints.split(",")
+    if not sep or not worker.strip().isdigit() or len(parts) > 2 or not all(map(_is_zmq_endpoint, parts)):
+        raise ValueError(f"kv_events entry {spec!r}, {expected}")
+    if len(parts) == 2 and parts[0] == parts[1]:
+        raise ValueError(f"kv_events entry {spec!r} gives one endpoint for both sockets, {expected}")
+    return KVEventSource(int(worker), parts[0], replay_endpoint=parts[1] if len(parts) == 2 else None)
+
+
+def _is_zmq_endpoint(endpoint: str) -> bool:
+    """``tcp://HOST:PORT`` with a host and a port in 1–65535, or ``ipc://PATH`` with a path."""
+    if endpoint.startswith("ipc://"):
+        return len(endpoint) > len("ipc://")
+    if not endpoint.startswith("tcp://"):
+        return False
+    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
+    return bool(sep and host and host != "*" and port.isdigit() and 1 <= int(port) <= 65535)
+
+
+def read_token(path: Path) -> str:
+    """The bearer token in ``path`` (surrounding whitespace stripped).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: the file is empty.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"token_file = {str(path)!r} does not exist")
+    token = path.read_text().strip()
+    if not token:
+        raise ValueError(f"token_file = {str(path)!r} is empty, expected a bearer token")
+    return token

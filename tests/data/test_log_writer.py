@@ -1,0 +1,59 @@
+"""Tests of kvcost.data.log_writer: group commit, a failed batch rolled back alone, merged columns."""
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+from kvcost.data.log_writer import LogWriter, _Write
+from kvcost.data.store import LogStore
+
+
+def _row(run_id, request_id):
+    return (
+        {"run_id": [run_id], "t_s": [float(request_id)], "worker_id": [request_id % 3]}
+        | {
+            name: [1]
+            for name in ("waiting_requests", "running_requests", "queued_prefill_tokens", "idle_cached_blocks")
+        }
+        | {"kv_usage": [0.5]}
+    )
+
+
+def test_log_writer_commits_concurrent_writes_in_groups_and_survives_a_failed_batch(tmp_path):
+    store = LogStore(tmp_path / "log.duckdb").open()
+    write_errors = []
+    rolled = []
+    writer = LogWriter(store, lambda: write_errors.append(1), roll=lambda: rolled.append(True), roll_interval_s=3600)
+    writer.start()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = list(pool.map(lambda i: writer.submit("worker_samples", _row("r", i)), range(400)))
+    assert [f.result(timeout=10) for f in futures] == [1] * 400
+    assert writer.batches < 400  # group commit: writes that queue together share a transaction
+    bad = writer.submit("worker_samples", _row("r", 0) | {"colour": ["red"]})
+    with pytest.raises(ValueError, match="unexpected \\['colour'\\]"):
+        bad.result(timeout=10)
+    assert writer.last_error.startswith("ValueError: columns for worker_samples")
+    assert writer.submit("worker_samples", _row("r", 1000)).result(timeout=10) == 1
+    assert writer.last_error is None
+    writer.stop()
+    assert rolled == [True]  # a last roll on stop
+    assert store.connection.execute("SELECT count(*), sum(t_s) FROM worker_samples").fetchall() == [
+        (401, sum(range(400)) + 1000.0)
+    ]
+    assert write_errors == [1]
+    store.close()
+
+
+def test_log_writer_merges_array_and_list_columns_into_one_batch(tmp_path):
+    store = LogStore(tmp_path / "log.duckdb").open()
+    writer = LogWriter(store)
+    writes = [
+        _Write("worker_samples", _row("a", 1)),
+        _Write("worker_samples", {k: np.asarray(v) for k, v in _row("b", 2).items()}),
+    ]
+    writer._commit(writes)  # what the thread does with one batch
+    assert [w.future.result(timeout=0) for w in writes] == [1, 1] and writer.batches == 1
+    got = store.connection.execute("SELECT run_id, t_s, worker_id FROM worker_samples ORDER BY t_s").fetchall()
+    assert got == [("a", 1.0, 1), ("b", 2.0, 2)]
+    store.close()

@@ -1,0 +1,95 @@
+"""Tests for kvcost.routing.policies.basic (ROUTER_POLICIES and kvcost's own three policies)."""
+
+import numpy as np
+import pytest
+
+from kvcost.core.composition import TermPredictions
+from kvcost.core.types import Namespace, RouteRequest
+from kvcost.routing.policies import ROUTER_POLICIES, PolicyContext, make_policy
+
+REQUEST = RouteRequest(0, 0.0, 1000, (1,), Namespace("linear"))
+
+
+def context(make_snapshot, queue_s, prefill_s, reusable=None, load=None, allowed=None):
+    n = len(queue_s)
+    zeros = np.zeros(n)
+    predictions = TermPredictions(
+        queue_s=np.array(queue_s, dtype=float),
+        lookup_s=zeros,
+        transfer_s=zeros,
+        prefill_s=np.array(prefill_s, dtype=float),
+        first_token_s=zeros,
+    )
+    return PolicyContext(
+        request=REQUEST,
+        snapshots=tuple(make_snapshot(10 + i) for i in range(n)),
+        reusable_tokens=np.array(reusable if reusable is not None else [0] * n, dtype=np.int64),
+        predictions=predictions,
+        load_tokens=np.array(load if load is not None else [0] * n, dtype=np.float64),
+        allowed=np.array(allowed if allowed is not None else [True] * n),
+    )
+
+
+def test_registry_names_and_unknown():
+    assert ROUTER_POLICIES.names() == [
+        "aibrix_prefix_cache",
+        "cost_aware",
+        "dynamo_kv",
+        "learned_cost_aware",
+        "least_loaded",
+        "llmd_default",
+        "mooncake_conductor",
+        "oracle",
+        "preble_e2",
+        "round_robin",
+        "sglang_cache_aware",
+    ]
+    with pytest.raises(KeyError) as err:
+        make_policy("random")
+    assert err.value.args[0] == (
+        f"unknown router policy 'random'; expected one of: {', '.join(ROUTER_POLICIES.names())}"
+    )
+
+
+def test_make_policy_gives_fresh_instances():
+    a, b = make_policy("round_robin"), make_policy("round_robin")
+    assert a is not b and a.name == "round_robin"
+
+
+def test_round_robin_cycles(make_snapshot):
+    policy = make_policy("round_robin")
+    ctx = context(make_snapshot, [0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+    assert [policy.choose(ctx)[0] for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert policy.choose(ctx)[1] == "round robin"
+
+
+def test_least_loaded_lowest_tokens_first_index_on_ties(make_snapshot):
+    policy = make_policy("least_loaded")
+    ctx = context(make_snapshot, [0.0] * 3, [0.0] * 3, load=[500.0, 30.0, 30.0])
+    assert policy.choose(ctx) == (1, "least outstanding work 30 tokens")
+
+
+def test_least_loaded_ignores_predictions_and_skew(make_snapshot):
+    ctx = context(make_snapshot, [0.0, 9.0], [0.0, 9.0], load=[10.0, 5.0], allowed=[True, False])
+    assert make_policy("least_loaded").choose(ctx)[0] == 1
+
+
+def test_cost_aware_min_ttft_and_reason_names_best_hit_worker(make_snapshot):
+    # DESIGN.md §1: hot 250 + 20 ms, cold 30 + 180 ms
+    ctx = context(make_snapshot, [0.25, 0.03], [0.02, 0.18], reusable=[8192, 0])
+    index, reason = make_policy("cost_aware").choose(ctx)
+    assert index == 1
+    assert reason == "min predicted TTFT 210.0 ms, reuse 0 tokens; best-hit worker 10 not chosen (270.0 ms)"
+
+
+def test_cost_aware_respects_skew_mask(make_snapshot):
+    ctx = context(make_snapshot, [0.0, 0.1, 0.2], [0.0] * 3, reusable=[512, 0, 0], allowed=[False, True, True])
+    index, reason = make_policy("cost_aware").choose(ctx)
+    assert index == 1
+    assert reason.endswith("best-hit worker 10 not chosen (skew limit)")
+
+
+def test_cost_aware_ties_to_less_loaded_then_lower_index(make_snapshot):
+    policy = make_policy("cost_aware")
+    ctx = context(make_snapshot, [0.1, 0.1, 0.1], [0.0] * 3, load=[50.0, 20.0, 20.0])
+    assert policy.choose(ctx) == (1, "min predicted TTFT 100.0 ms, reuse 0 tokens")

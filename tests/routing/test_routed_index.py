@@ -1,0 +1,27 @@
+from kvcost.routing.routed_index import RoutedPrefixIndex
+
+
+def test_match_is_a_prefix_walk_per_worker():
+    index = RoutedPrefixIndex()
+    index.insert(0, [1, 2, 3], now_s=0.0)
+    index.insert(1, [1, 7], now_s=0.0)
+    assert index.match([1, 2, 3, 4], [0, 1, 2]) == [3, 1, 0]
+
+
+def test_trim_drops_least_recently_routed_first():
+    index = RoutedPrefixIndex()
+    index.insert(0, [1, 2, 3], now_s=0.0)  # deepest first: LRU order 3, 2, 1
+    index.insert(0, [1, 4], now_s=1.0)  # now 3, 2, 4, 1
+    assert index.trim(max_blocks_per_worker=2) == 2
+    assert index.match([1, 4], [0]) == [2]
+    assert index.match([1, 2], [0]) == [1]  # the chain lost its leaf, kept its head
+    assert index.size_blocks(0) == 2
+    assert index.trim(max_blocks_per_worker=1, worker_id=0) == 1 and index.match([1, 4], [0]) == [1]
+
+
+def test_expire_by_age():
+    index = RoutedPrefixIndex()
+    index.insert(0, [1, 2], now_s=0.0)
+    index.insert(0, [3], now_s=5.0)
+    assert index.expire(older_than_s=1.0) == 2
+    assert index.size_blocks(0) == 1 and index.match([3], [0]) == [1]

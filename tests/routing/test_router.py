@@ -1,0 +1,271 @@
+"""Tests for kvcost.routing.router (Router, RouterSettings, load_tokens, hot-spot skew limit).
+
+Step times come from the linear step model of tests/conftest.py: 1 µs per batch
+token, 1e-12 s per prefill attention token pair, 1 ms per step, budget 8192.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kvcost.core.composition import TermPredictions
+from kvcost.core.links import LinkSpec
+from kvcost.core.types import Namespace, ReusePlan, RouteRequest
+from kvcost.features.nominal import NominalCosts
+from kvcost.features.spec import FEATURE_NAMES
+from kvcost.routing.directory import CacheDirectory
+from kvcost.routing.router import Router, RouterSettings, load_tokens
+
+NS = Namespace("linear", block_size_tokens=512)
+
+
+def request(input_tokens, hashes, request_id=0):
+    return RouteRequest(request_id, 0.0, input_tokens, tuple(hashes), NS)
+
+
+class FixedCostModel:
+    """Returns the same per-candidate terms for every request (seconds)."""
+
+    learned = False
+
+    def __init__(self, queue_s, prefill_s, lookup_s=None):
+        zeros = np.zeros(len(queue_s))
+        self.predictions = TermPredictions(
+            queue_s=np.array(queue_s),
+            lookup_s=np.array(lookup_s) if lookup_s else zeros,
+            transfer_s=zeros,
+            prefill_s=np.array(prefill_s),
+            first_token_s=zeros,
+        )
+        self.seen_shapes = []
+
+    def predict(self, features):
+        self.seen_shapes.append(features.shape)
+        return self.predictions
+
+
+@pytest.fixture
+def make_router(linear_step_model):
+    def make(directory=None, **settings):
+        return Router(directory or CacheDirectory(), {"linear-gpu": linear_step_model}, RouterSettings(**settings))
+
+    return make
+
+
+def hot_directory():
+    """Worker 0 holds blocks 1..16 (8192 tokens) in GPU; worker 1 holds nothing."""
+    directory = CacheDirectory()
+    directory.apply_stored(NS, 0, list(range(1, 17)), parent_hash=None, tier="gpu", now_s=0.0)
+    return directory
+
+
+def test_design_worked_example_cost_aware_picks_cold_worker(make_router, make_snapshot):
+    # DESIGN.md §1: hot queue 250 ms + preparation/compute 20 ms; cold 30 ms + 180 ms
+    router = make_router(hot_directory())
+    router.cost_model = FixedCostModel(queue_s=[0.25, 0.03], lookup_s=[0.005, 0.0], prefill_s=[0.015, 0.18])
+    hot = make_snapshot(0, waiting_prefill=((30_000, 0),))
+    cold = make_snapshot(1)
+    decision = router.route(request(8704, range(1, 18)), [hot, cold], now_s=1.0)
+    assert decision.predictions.ttft_s.tolist() == pytest.approx([0.27, 0.21])
+    assert decision.reusable_tokens.tolist() == [8192, 0]
+    # pure cache affinity would have chosen the hot worker
+    assert int(np.argmax(decision.reusable_tokens)) == 0
+    assert (decision.worker_id, decision.chosen_index) == (1, 1)
+    assert decision.reason == ("min predicted TTFT 210.0 ms, reuse 0 tokens; best-hit worker 0 not chosen (270.0 ms)")
+    assert router.cost_model.seen_shapes == [(2, len(FEATURE_NAMES))]
+
+
+def test_analytic_model_prefers_idle_cold_worker_over_long_hot_queue(make_router, make_snapshot):
+    router = make_router(hot_directory())
+    # 17-block request (8704 tokens); the hot worker reuses 8192 and prefills 512,
+    # behind 24576 queued tokens (3 full steps) and 2 ms left in its running step
+    hot = make_snapshot(0, waiting_prefill=((24_576, 0),), step_remaining_s=0.002)
+    cold = make_snapshot(1)
+    decision = router.route(request(8704, range(1, 18)), [hot, cold], now_s=1.0)
+    p = decision.predictions
+    # hot: 2 ms + 3 × (8192 µs + 1 ms) + 24576 × 24577 / 2 pairs × 1e-12 s
+    assert p.queue_s.tolist() == pytest.approx([0.029878006016, 0.0])
+    # hot: 512 µs + 1 ms + 512 × (8192 + 513 / 2) pairs; cold: 9.192 + 1.512 ms + 8704 × 8705 / 2 pairs
+    assert p.prefill_s.tolist() == pytest.approx([0.001516325632, 0.01074188416])
+    assert p.lookup_s.tolist() == pytest.approx([3.7e-4, 3.7e-4])  # 0.2 ms + 17 × 10 µs
+    assert p.first_token_s.tolist() == [2e-3, 2e-3]
+    assert p.transfer_s.tolist() == [0.0, 0.0]
+    assert p.ttft_s.tolist() == pytest.approx([0.033764331648, 0.01311188416])
+    assert decision.worker_id == 1
+    assert decision.reason == ("min predicted TTFT 13.1 ms, reuse 0 tokens; best-hit worker 0 not chosen (33.8 ms)")
+
+
+def test_analytic_model_prefers_hot_worker_when_its_queue_is_empty(make_router, make_snapshot):
+    router = make_router(hot_directory())
+    decision = router.route(request(8704, range(1, 18)), [make_snapshot(0), make_snapshot(1)], 1.0)
+    assert decision.predictions.ttft_s.tolist() == pytest.approx([3.7e-4 + 0.001516325632 + 2e-3, 0.01311188416])
+    assert decision.worker_id == 0
+    assert decision.reason == "min predicted TTFT 3.9 ms, reuse 8192 tokens"
+
+
+def test_decision_carries_matches_and_capped_reuse(make_router, make_snapshot):
+    directory = CacheDirectory()
+    directory.apply_stored(NS, 5, [1, 2], parent_hash=None, tier="cpu", now_s=1.0)
+    router = make_router(directory, policy="round_robin")
+    decision = router.route(request(1024, [1, 2], request_id=9), [make_snapshot(5), make_snapshot(6)], 4.0)
+    assert decision.request_id == 9
+    assert decision.worker_ids == (5, 6)
+    assert [(m.worker_id, m.reusable_blocks, m.tier, m.age_s) for m in decision.matches] == [
+        (5, 2, "cpu", 3.0),
+        (6, 0, "none", float("inf")),
+    ]
+    assert decision.reusable_tokens.dtype == np.int64
+    assert decision.reusable_tokens.tolist() == [1023, 0]  # fully cached: 1 token still computed
+    assert decision.features.shape == (2, len(FEATURE_NAMES))
+
+
+def test_no_candidates(make_router):
+    with pytest.raises(ValueError, match="snapshots is empty"):
+        make_router().route(request(10, []), [], 0.0)
+
+
+def test_load_tokens_counts_tokens_not_requests(make_snapshot):
+    snaps = [
+        make_snapshot(0, waiting_prefill=((10_000, 0),)),
+        make_snapshot(1, waiting_prefill=((10, 0), (20, 5), (30, 0)), running_requests=2),
+    ]
+    assert load_tokens(snaps, expected_decode_tokens=100).tolist() == [10_000.0, 260.0]
+
+
+def test_least_loaded_picks_many_tiny_over_one_huge(make_router, make_snapshot):
+    router = make_router(policy="least_loaded")
+    one_huge = make_snapshot(0, waiting_prefill=((10_000, 0),))
+    three_tiny = make_snapshot(1, waiting_prefill=((10, 0), (10, 0), (10, 0)))
+    decision = router.route(request(100, []), [one_huge, three_tiny], 0.0)
+    assert decision.worker_id == 1
+    assert decision.reason == "least outstanding work 30 tokens"
+
+
+def test_round_robin_cycles_through_router(make_router, make_snapshot):
+    router = make_router(policy="round_robin")
+    snaps = [make_snapshot(w) for w in (3, 4, 5)]
+    chosen = [router.route(request(10, [], i), snaps, float(i)).worker_id for i in range(5)]
+    assert chosen == [3, 4, 5, 3, 4]
+
+
+def route_sequence(router, make_snapshot, n):
+    """Route ``n`` 100-token requests to 3 idle workers; the cost model always prefers 0, then 1, then 2."""
+    router.cost_model = FixedCostModel(queue_s=[0.1, 0.2, 0.3], prefill_s=[0.0, 0.0, 0.0])
+    snaps = [make_snapshot(w) for w in (0, 1, 2)]
+    return [router.route(request(100, [], i), snaps, float(i)).worker_id for i in range(n)]
+
+
+def test_skew_limit_excludes_worker_over_share(make_router, make_snapshot):
+    # 3 workers, cap (1 + 0.5) / 3 = 0.5 of the window's routed tokens
+    router = make_router(max_share_over_mean=0.5)
+    # 1st: empty window; 2nd: worker 0 holds 100 %; 3rd: 50/50 allowed; 4th: worker 0 at 2/3
+    assert route_sequence(router, make_snapshot, 4) == [0, 1, 0, 1]
+
+
+def test_skew_window_forgets_old_decisions(make_router, make_snapshot):
+    router = make_router(max_share_over_mean=0.5, skew_window_requests=2)
+    # window of 2: after [1, 0] the 4th request sees 50/50 again; after [0, 0] worker 0 is at 100 %
+    assert route_sequence(router, make_snapshot, 5) == [0, 1, 0, 0, 1]
+
+
+def test_skew_limit_is_inclusive_and_default_never_binds_with_two_workers(make_router, make_snapshot):
+    # default max_share_over_mean = 1: with 2 workers the cap is 100 %
+    router = make_router()
+    router.cost_model = FixedCostModel(queue_s=[0.1, 0.2], prefill_s=[0.0, 0.0])
+    snaps = [make_snapshot(0), make_snapshot(1)]
+    assert [router.route(request(100, [], i), snaps, 0.0).worker_id for i in range(3)] == [0, 0, 0]
+
+
+def test_skew_limit_allows_everyone_when_everyone_is_over(make_router, make_snapshot):
+    router = make_router()
+    # With validated settings (cap >= 1/n) some candidate is always at or under the cap, so this
+    # guard needs a negative cap: force max_share_over_mean = -2 (cap = -1/3) past validation.
+    object.__setattr__(router.settings, "max_share_over_mean", -2.0)
+    router.cost_model = FixedCostModel(queue_s=[0.1, 0.2], prefill_s=[0.0, 0.0])
+    # worker 0 is predicted fastest but more loaded: were nobody allowed, the tie-break
+    # on load among all-excluded candidates would pick worker 1
+    snaps = [make_snapshot(0, waiting_prefill=((50, 0),)), make_snapshot(1)]
+    decisions = [router.route(request(100, [], i), snaps, 0.0) for i in range(3)]
+    assert [d.worker_id for d in decisions] == [0, 0, 0]
+    assert decisions[-1].reason == "min predicted TTFT 100.0 ms, reuse 0 tokens"
+
+
+def test_skew_limit_does_not_apply_to_least_loaded(make_router, make_snapshot):
+    router = make_router(policy="least_loaded", max_share_over_mean=0.0)
+    snaps = [make_snapshot(0), make_snapshot(1, waiting_prefill=((5, 0),))]
+    assert [router.route(request(100, [], i), snaps, 0.0).worker_id for i in range(3)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("skew_window_requests", 0, "skew_window_requests = 0, expected an integer ≥ 1"),
+        ("max_share_over_mean", -0.1, "max_share_over_mean = -0.1, expected a number ≥ 0"),
+        ("max_share_over_mean", float("nan"), "max_share_over_mean = nan, expected a number ≥ 0"),
+    ],
+)
+def test_settings_validation_names_field_and_value(field, value, message):
+    with pytest.raises(ValueError) as err:
+        RouterSettings(**{field: value})
+    assert str(err.value) == message
+
+
+def test_unknown_policy_in_settings(make_router):
+    with pytest.raises(KeyError, match="unknown router policy 'fastest'"):
+        make_router(policy="fastest")
+
+
+# -- tiers, transfers and compatibility --------------------------------------------------------------
+
+# 16 blocks of 512 tokens at 4 B per token (the linear model): 32,768 B to move
+PREFIX_BYTES = 16 * 512 * 4
+# idle worker, 8192-token prompt: recompute everything, or fetch 8191 reusable tokens and compute 1
+RECOMPUTE_S = 8192e-6 + 1e-3 + 8192 * 8193 / 2 * 1e-12
+AFTER_FETCH_S = 1e-6 + 1e-3 + 1 * 8192 * 1e-12
+LOAD_S = PREFIX_BYTES / 1e9  # CPU → GPU at 1 GB/s, no setup
+# the fetch wins iff network setup + transfer + load + remaining prefill < recompute
+BREAK_EVEN_SETUP_S = RECOMPUTE_S - AFTER_FETCH_S - LOAD_S - PREFIX_BYTES / 1e9
+
+
+@pytest.mark.parametrize(
+    ("setup_s", "option"), [(BREAK_EVEN_SETUP_S - 1e-6, "fetch"), (BREAK_EVEN_SETUP_S + 1e-6, "local")]
+)
+def test_transfer_wins_only_when_saved_compute_exceeds_its_cost(make_router, make_snapshot, setup_s, option):
+    costs = NominalCosts(cpu_to_gpu=LinkSpec(1e9, 0.0), network=LinkSpec(1e9, setup_s))
+    router = make_router(hot_directory(), tiers=True, transfers=True, costs=costs)
+    hot = make_snapshot(0, waiting_prefill=((10**6, 0),))  # holds the prefix behind a long queue
+    decision = router.route(request(8192, range(1, 17)), [hot, make_snapshot(1)], now_s=0.0)
+    assert decision.worker_id == 1
+    plan = decision.plans[1]
+    assert plan.option == option
+    assert decision.plans[0] == ReusePlan("local", gpu_blocks=16)
+    if option == "fetch":
+        assert (plan.fetch_blocks, plan.source_id) == (16, 0)
+        assert decision.predictions.transfer_s[1] == pytest.approx(setup_s + PREFIX_BYTES / 1e9)
+        assert "fetch 16 blocks from worker 0" in decision.reason
+    else:
+        assert decision.reusable_tokens[1] == 0 and decision.predictions.transfer_s[1] == 0.0
+
+
+def test_incompatible_layouts_are_never_reused_and_other_models_are_filtered(make_router, make_snapshot):
+    router = make_router(hot_directory(), tiers=True, transfers=True)
+    snapshots = [
+        make_snapshot(0, namespace=NS, waiting_prefill=((10**6, 0),)),
+        make_snapshot(1, namespace=replace(NS, kv_layout="fp8-tp1")),  # other dtype: not reusable
+        make_snapshot(2, namespace=replace(NS, kv_layout="bf16-tp2")),  # re-shard: allowed, at a cost
+        make_snapshot(3, namespace=Namespace("other-model", block_size_tokens=512)),  # cannot serve it
+    ]
+    decision = router.route(request(8192, range(1, 17)), snapshots, now_s=0.0)
+    assert decision.worker_ids == (0, 1, 2)
+    assert decision.plans[1] == ReusePlan("local", gpu_blocks=0)
+    assert decision.reusable_tokens[1] == 0
+    fetch = [p for p in decision.plans if p.option == "fetch"]
+    assert all(p.source_id == 0 and p.conversion_factor == 1.0 for p in fetch)
+    with pytest.raises(ValueError, match="no candidate serves namespace"):
+        router.route(request(8192, range(1, 17)), snapshots[3:], now_s=0.0)
+
+
+def test_transfers_need_tiers():
+    with pytest.raises(ValueError, match="transfers = True needs tiers = True"):
+        RouterSettings(transfers=True)
