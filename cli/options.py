@@ -79,8 +79,15 @@ class SettingsTable:
         return "--" + self.parameter(field_name).replace("_", "-")
 
     def parameters(self) -> list[inspect.Parameter]:
-        """One keyword-only ``Annotated[type, typer.Option(...)]`` parameter per field."""
-        return [option_parameter(self.parameter(n), self.model.model_fields[n]) for n in self.fields()]
+        """One keyword-only ``Annotated[type, typer.Option(...)]`` parameter per field.
+
+        A field without default is a required option, unless an environment variable can give it.
+        """
+        reads_env = issubclass(self.model, BaseSettings)
+        return [
+            option_parameter(self.parameter(n), self.model.model_fields[n], required=not reads_env)
+            for n in self.fields()
+        ]
 
     def build(
         self, values: Mapping[str, Any], given: Iterable[str], overrides: Mapping[str, Any] | None = None
@@ -108,6 +115,11 @@ class SettingsTable:
     def _reason(self, error: Mapping[str, Any], passed: Mapping[str, Any]) -> str:
         """One line for pydantic ``error``: the field's option or variable, the value, the expectation."""
         message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "missing":
+            field_name = str(error["loc"][0])
+            ways = [self.flag(field_name)] if field_name in self.fields() else []
+            ways += [v for v in [env_name(self.model, field_name)] if v]
+            return f"{field_name} is missing, expected {' or '.join(ways) or 'a value'}"
         if error["loc"]:
             where = self._source(str(error["loc"][0]), passed)
             return f"{where} = {error['input']!r}, {_expectation(message)}"
@@ -174,13 +186,18 @@ def given_options(context: typer.Context, names: Iterable[str]) -> set[str]:
     return {n for n, source in sources.items() if source is not None and source.name != "DEFAULT"}
 
 
-def option_parameter(name: str, info: FieldInfo) -> inspect.Parameter:
-    """The typer option of one pydantic field, as a keyword-only parameter called ``name``."""
-    annotation, default = info.annotation, info.get_default(call_default_factory=True)
+def option_parameter(name: str, info: FieldInfo, required: bool = True) -> inspect.Parameter:
+    """The typer option of one pydantic field, as a keyword-only parameter called ``name``.
+
+    A field without default is a required option, or with ``required=False`` one whose absence
+    the model reports (its value may come from elsewhere, e.g. an environment variable).
+    """
+    if info.is_required():
+        annotation, default = info.annotation | None, None if not required else inspect.Parameter.empty
+    else:
+        annotation, default = info.annotation, info.get_default(call_default_factory=True)
     if default is not None and get_origin(annotation) is list and not default:
         annotation, default = annotation | None, None  # typer's repeatable option: None when not given
-    if info.is_required():
-        default = inspect.Parameter.empty
     option = typer.Option(help=help_text(info.description), **range_of(info))
     return inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
