@@ -7,8 +7,10 @@ object. The mapping, field → option:
 
 * name: ``--`` + the field name with ``-`` for ``_`` (or the table's rename: ``gpu_default`` → ``--gpu``);
 * type and default: the field's (an empty list default shows as none; a field without default
-  is a required option); ``bool`` fields are ``--x/--no-x`` flags, ``list[str]`` fields repeatable;
-* help: the field's ``description`` (first letter capitalised, a final full stop; rich markup escaped);
+  is a required option, unless the model reads environment variables); ``bool`` fields are
+  ``--x/--no-x`` flags, ``list[str]`` fields repeatable;
+* help: the field's ``description`` (a lower-case first word capitalised, a final full stop; rich
+  markup escaped);
 * range: ``ge`` / ``le`` become click's range check (shown in ``--help``; exit 2 naming the option);
   every other check (``gt``, ``lt``, lengths, validators) is the model's own, run when the object
   is built: its error is one line, ``error: --option = value, expected …``, exit 2.
@@ -147,6 +149,7 @@ def with_settings(
     the command is called with the validated settings object (bad settings exit 2 with one
     line), or with ``lazy``, with a function ``make(**overrides)`` that builds it, the keyword
     ``overrides`` (by field name) counting as given options, and raises ``ValueError``.
+    One table per command: the wrapper takes typer's context as parameter ``settings_context``.
     """
 
     def decorate(command: Callable) -> Callable:
