@@ -129,14 +129,13 @@ from kvcost.models.reuse import (  # noqa: E402
 from kvcost.models.reuse_cure import CURE_FILE, CureReuseModel  # noqa: E402
 from kvcost.replay.config import ClusterConfig  # noqa: E402
 from kvcost.replay.metrics import summarise  # noqa: E402
+from kvcost.replay.settings import DEFAULT_RATE_SCALE, DEFAULT_TRACE  # noqa: E402
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult  # noqa: E402
 
 #: Policies in report order.
 STUDY_POLICIES: tuple[str, ...] = ("lru", "lfu", "gdsf", "lhd", "flop_aware", "cost_aware")
 #: Default cache sizes, fractions of the distinct blocks.
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5)
-#: Default rate scale: the ``experiment`` command's (4 × A100 at ~81 % utilisation without cache).
-DEFAULT_RATE_SCALE = 0.55
 #: Share of the window's trace time replayed to fit the reuse model (and warm every run).
 DEFAULT_TRAIN_FRACTION = 0.3
 #: P(reuse) sources of ``cost_aware`` in the study (see the module docstring).
@@ -151,7 +150,7 @@ DEFAULT_RERANK_INTERVAL_S = 10.0
 class StudySettings:
     """Inputs of one study (validated by :func:`check_settings`)."""
 
-    trace: str = "mooncake-conversation"
+    trace: str = DEFAULT_TRACE
     duration_s: float | None = None
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     policies: tuple[str, ...] = STUDY_POLICIES
