@@ -105,19 +105,15 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from kvcost.core.hardware import StepTimeModel  # noqa: E402
-from kvcost.core.reporting import markdown_table, write_json  # noqa: E402
-from kvcost.data.store import LogStore  # noqa: E402
-from kvcost.data.traces import Trace, load_trace  # noqa: E402
-from kvcost.eviction import EVICTION_POLICIES, EvictionContext  # noqa: E402
-from kvcost.models.reuse import (  # noqa: E402
+from kvcost.core.hardware import StepTimeModel
+from kvcost.core.plots import plot_eviction_study
+from kvcost.core.reporting import markdown_table, write_json
+from kvcost.data.store import LogStore
+from kvcost.data.traces import Trace, load_trace
+from kvcost.eviction import EVICTION_POLICIES, EvictionContext
+from kvcost.models.reuse import (
     STUDY_FEATURES,
     STUDY_PARAMS,
     ReuseClassifier,
@@ -126,10 +122,10 @@ from kvcost.models.reuse import (  # noqa: E402
     load_reuse_model,
     reuse_training_frame,
 )
-from kvcost.models.reuse_cure import CURE_FILE, CureReuseModel  # noqa: E402
-from kvcost.replay.config import ClusterConfig  # noqa: E402
-from kvcost.replay.metrics import summarise  # noqa: E402
-from kvcost.replay.simulator import ClusterSimulator, ReplayResult  # noqa: E402
+from kvcost.models.reuse_cure import CURE_FILE, CureReuseModel
+from kvcost.replay.config import ClusterConfig
+from kvcost.replay.metrics import summarise
+from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 
 #: Policies in report order.
 STUDY_POLICIES: tuple[str, ...] = ("lru", "lfu", "gdsf", "lhd", "flop_aware", "cost_aware")
@@ -364,7 +360,7 @@ def run_study(s: StudySettings, out: Path, progress: Callable[[int], None] | Non
     }
     result = {**header, "results": rows, "cost_aware_vs_lru": _gains(rows)}
     write_json(out / "eviction.json", result)
-    plot_study(rows, out / "eviction.png", f"{s.trace}, {s.workers} workers, rate scale {s.rate_scale:g}")
+    plot_eviction_study(rows, out / "eviction.png", f"{s.trace}, {s.workers} workers, rate scale {s.rate_scale:g}")
     write_study_md(out / "eviction.md", result)
     return {**result, "out": str(out)}
 
@@ -384,30 +380,6 @@ def _gains(rows: list[dict]) -> list[dict]:
                 }
             )
     return gains
-
-
-def plot_study(rows: list[dict], path: Path, caption: str) -> None:
-    """Token hit ratio, prefill seconds saved and TTFT P99 per policy vs cache fraction (three panels)."""
-    panels = (
-        ("hit_ratio", "token hit ratio"),
-        ("prefill_saved_s", "prefill saved (s)"),
-        ("ttft_p99_s", "TTFT P99 (s)"),
-    )
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
-    for ax, (key, label) in zip(axes, panels, strict=True):
-        for policy in policies:
-            points = sorted((r["cache_fraction"], r[key]) for r in rows if r["policy"] == policy)
-            ax.plot(*np.array(points).T, marker="o", label=policy)
-        ax.set_xscale("log")
-        ax.set_xlabel("cache size (fraction of distinct blocks)")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.suptitle(caption)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def study_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:

@@ -1,0 +1,45 @@
+"""Importing kvcost has no side effects on matplotlib: no ``pyplot``, no backend chosen (docs/architecture.md)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.test_layers import ROOT, source_files
+
+#: A backend no kvcost module would pick: a module that calls ``matplotlib.use`` at import changes it.
+SENTINEL_BACKEND = "svg"
+
+_PROBE = """
+import importlib, json, sys
+import matplotlib
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(json.dumps({"pyplot": "matplotlib.pyplot" in sys.modules, "backend": matplotlib.get_backend()}))
+"""
+
+
+def module_names() -> list[str]:
+    """``kvcost.<dotted path>`` of every kvcost source file (packages by their ``__init__``)."""
+    names = []
+    for path in source_files():
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        names.append(".".join(("kvcost", *parts)))
+    return names
+
+
+def test_module_names_cover_every_layer():
+    names = set(module_names())
+    assert {"kvcost", "kvcost.core.plots", "kvcost.replay.eviction_study", "kvcost.models.train_job"} <= names
+    assert len(names) == len(source_files())
+
+
+def test_importing_every_module_leaves_matplotlib_alone():
+    env = {**os.environ, "MPLBACKEND": SENTINEL_BACKEND}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *module_names()], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = json.loads(done.stdout.strip().splitlines()[-1])
+    assert state == {"pyplot": False, "backend": SENTINEL_BACKEND}
