@@ -55,7 +55,9 @@ def test_ttft_cdf_sorts_each_configuration_and_skips_empty_ones(tmp_path):
 
 
 def test_queues_one_panel_per_run_one_line_per_worker(tmp_path):
-    first = pd.DataFrame({"worker_id": [1, 0, 1, 0], "t_s": [0.0, 0.0, 1.0, 1.0], "queued_prefill_tokens": [5, 7, 3, 0]})
+    first = pd.DataFrame(
+        {"worker_id": [1, 0, 1, 0], "t_s": [0.0, 0.0, 1.0, 1.0], "queued_prefill_tokens": [5, 7, 3, 0]}
+    )
     second = pd.DataFrame({"worker_id": [0, 0], "t_s": [0.0, 2.0], "queued_prefill_tokens": [9, 1]})
     fig = plot_queues({"lru": first, "kvcost": second}, tmp_path / "q.png", "demo")
     top, bottom = fig.axes
