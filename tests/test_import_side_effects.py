@@ -1,4 +1,4 @@
-"""Importing kvcost has no side effects on matplotlib: no ``pyplot``, no backend chosen (docs/architecture.md)."""
+"""Importing kvcost, or drawing its plots, has no side effects on matplotlib: no ``pyplot``, no backend chosen."""
 
 import json
 import os
@@ -19,6 +19,24 @@ print(json.dumps({"pyplot": "matplotlib.pyplot" in sys.modules, "backend": matpl
 """
 
 
+_DRAW = """
+import json, sys
+import numpy as np
+import matplotlib
+from kvcost.core.plots import plot_ttft_cdf
+plot_ttft_cdf({"a": np.array([2.0, 1.0])}, sys.argv[1], "probe")
+print(json.dumps({"pyplot": "matplotlib.pyplot" in sys.modules, "backend": matplotlib.get_backend()}))
+"""
+
+
+def _probe(script: str, *args: str) -> dict:
+    """Run ``script`` in a fresh interpreter with ``MPLBACKEND`` = the sentinel; its last stdout line, parsed."""
+    env = {**os.environ, "MPLBACKEND": SENTINEL_BACKEND}
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def module_names() -> list[str]:
     """``kvcost.<dotted path>`` of every kvcost source file (packages by their ``__init__``)."""
     names = []
@@ -36,10 +54,10 @@ def test_module_names_cover_every_layer():
 
 
 def test_importing_every_module_leaves_matplotlib_alone():
-    env = {**os.environ, "MPLBACKEND": SENTINEL_BACKEND}
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE, *module_names()], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    state = json.loads(done.stdout.strip().splitlines()[-1])
+    assert _probe(_PROBE, *module_names()) == {"pyplot": False, "backend": SENTINEL_BACKEND}
+
+
+def test_drawing_a_plot_leaves_matplotlib_alone(tmp_path):
+    state = _probe(_DRAW, str(tmp_path / "cdf.png"))
     assert state == {"pyplot": False, "backend": SENTINEL_BACKEND}
+    assert (tmp_path / "cdf.png").read_bytes()[:4] == b"\x89PNG"
