@@ -54,16 +54,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
-import numpy as np
-
-from kvcost.core.composition import TERMS
 from kvcost.core.hardware import StepTimeModel
-from kvcost.core.types import Namespace, RouteDecision
+from kvcost.core.types import Namespace
+from kvcost.data.log_rows import CandidateBatch, RequestRow, read_chosen_candidates, request_batch
 from kvcost.data.log_writer import LogUnavailableError, LogWriter
-from kvcost.data.store import LogStore
-from kvcost.features.spec import FEATURE_SPEC
+from kvcost.data.store import TERMS_AND_TTFT, LogStore
 from kvcost.models.term_set import TermModelSet
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.router import Router
@@ -98,8 +94,6 @@ _log = logging.getLogger(__name__)
 
 #: ``runs.configuration`` of the service's runs.
 SERVE_CONFIGURATION = "serve"
-#: Predicted / actual columns in ``requests`` order: the five terms, then TTFT.
-_TERMS_AND_TTFT = (*TERMS, "ttft")
 
 
 class ScoringService:
@@ -243,25 +237,16 @@ class ScoringService:
 
     def _recover(self, store: LogStore) -> None:
         """Reload the newest ``max_decisions`` chosen candidates of earlier serve runs (observed or not)."""
-        pred_cols = ", ".join(f"c.pred_{t}_s" for t in _TERMS_AND_TTFT)
-        rows = store.connection.execute(
-            f"""
-            SELECT c.run_id, c.request_id, c.worker_id, c.input_tokens, c.reusable_tokens, {pred_cols},
-                   q.request_id IS NOT NULL AS observed
-            FROM candidates c
-            JOIN runs r ON r.run_id = c.run_id AND r.configuration = ?
-            LEFT JOIN (SELECT DISTINCT run_id, request_id FROM requests) q
-                   ON q.run_id = c.run_id AND q.request_id = c.request_id
-            WHERE c.chosen
-            ORDER BY r.started_at DESC, c.rowid DESC
-            LIMIT ?
-            """,
-            [SERVE_CONFIGURATION, self.settings.max_decisions],
-        ).fetchall()
+        rows = read_chosen_candidates(store, SERVE_CONFIGURATION, self.settings.max_decisions)
         # oldest first: the newest run wins a reused id and ends most recent
         self.routing.decisions.reload(
-            (request_id, DecisionRecord(run_id, worker_id, input_tokens, reuse, tuple(pred), None, bool(observed)))
-            for run_id, request_id, worker_id, input_tokens, reuse, *pred, observed in reversed(rows)
+            (
+                c.request_id,
+                DecisionRecord(
+                    c.run_id, c.worker_id, c.input_tokens, c.reusable_tokens, c.predicted_s, None, c.observed
+                ),
+            )
+            for c in rows
         )
         if rows:
             _log.info("reloaded %d decisions of earlier serve runs from %s", len(rows), self.settings.db_path)
@@ -330,27 +315,12 @@ class ScoringService:
         start = time.perf_counter()
         response, decision = self.routing.route(body, self.run_id, self.model_status.label)
         try:
-            self._writer.submit("candidates", self._candidate_columns(decision, decision.predictions.as_matrix()))
+            self._writer.submit(CandidateBatch.of_decision(decision).batch(self.run_id))
         except LogUnavailableError as exc:  # the decision stands; only its features miss the log
             _log.warning("decision %d not logged: %s", decision.request_id, exc)
         self.metrics.count_decision(self.settings.policy, decision.reason)
         self.metrics.route_latency.labels("route").observe(time.perf_counter() - start)
         return response
-
-    def _candidate_columns(self, decision: RouteDecision, pred: np.ndarray) -> dict[str, Any]:
-        n = len(decision.worker_ids)
-        columns: dict[str, Any] = {
-            "run_id": [self.run_id] * n,
-            "request_id": np.full(n, decision.request_id, dtype=np.int64),
-            "worker_id": np.asarray(decision.worker_ids, dtype=np.int64),
-            "chosen": np.arange(n) == decision.chosen_index,
-        }
-        for j, feature in enumerate(FEATURE_SPEC):
-            values = decision.features[:, j]
-            columns[feature.name] = np.rint(values).astype(np.int64) if feature.dtype == "BIGINT" else values
-        for j, term in enumerate(_TERMS_AND_TTFT):
-            columns[f"pred_{term}_s"] = np.ascontiguousarray(pred[:, j])
-        return columns
 
     # --------------------------------------------------------------- observation
 
@@ -379,7 +349,7 @@ class ScoringService:
             return ObservationResponse(
                 request_id=body.request_id, status="duplicate", run_id=decision.run_id, worker_id=decision.worker_id
             )
-        future = self._writer.submit("requests", self._request_columns(body, decision), urgent=True)
+        future = self._writer.submit(request_batch(decision.run_id, [_request_row(body, decision)]), urgent=True)
         pending = asyncio.wrap_future(future)
         decision.pending = pending
         # registered first, so it runs before any waiter resumes (even if this handler is cancelled)
@@ -397,32 +367,8 @@ class ScoringService:
             request_id=body.request_id, status="recorded", run_id=decision.run_id, worker_id=decision.worker_id
         )
 
-    def _request_columns(self, body: ObservationIn, d: DecisionRecord) -> dict[str, list]:
-        actual_reuse = body.actual_reuse_tokens
-        mismatch = None if actual_reuse is None else max(0, d.predicted_reuse_tokens - actual_reuse)
-        columns: dict[str, list] = {
-            "run_id": [d.run_id],
-            "request_id": [body.request_id],
-            "arrival_s": [d.arrival_s],
-            "worker_id": [d.worker_id],
-            "input_tokens": [d.input_tokens],
-            "output_tokens": [body.output_tokens],
-            "predicted_reuse_tokens": [d.predicted_reuse_tokens],
-            "actual_reuse_tokens": [actual_reuse],
-            "tpot_s": [body.tpot_s],
-            "e2e_s": [body.e2e_s],
-            "directory_mismatch_tokens": [mismatch],
-            # engines do not report where a prefix came from nor what a miss cost: NULL
-            "mismatch_lost_s": [None],
-            "served_by": [None],
-        }
-        for term, predicted in zip(_TERMS_AND_TTFT, d.predicted_s, strict=True):
-            columns[f"pred_{term}_s"] = [predicted]
-            columns[f"actual_{term}_s"] = [getattr(body, f"{term}_s")]
-        return columns
-
     def _count_errors(self, body: ObservationIn, d: DecisionRecord) -> None:
-        for term, predicted in zip(_TERMS_AND_TTFT, d.predicted_s, strict=True):
+        for term, predicted in zip(TERMS_AND_TTFT, d.predicted_s, strict=True):
             actual = getattr(body, f"{term}_s")
             if actual is not None:
                 self.metrics.prediction_abs_error.labels(term).observe(abs(actual - predicted))
@@ -469,3 +415,27 @@ class ScoringService:
     def decisions_in_memory(self) -> int:
         """Decisions held for ``/v1/observe``."""
         return len(self.routing.decisions) if self.routing is not None else 0
+
+
+def _request_row(body: ObservationIn, d: DecisionRecord) -> RequestRow:
+    """The ``requests`` row of an observation joined to its decision.
+
+    Engines do not report where a prefix came from nor what a miss cost:
+    ``mismatch_lost_s`` and ``served_by`` are NULL; the mismatch is known only
+    when the observation reports the reuse.
+    """
+    actual_reuse = body.actual_reuse_tokens
+    return RequestRow(
+        request_id=body.request_id,
+        arrival_s=d.arrival_s,
+        worker_id=d.worker_id,
+        input_tokens=d.input_tokens,
+        output_tokens=body.output_tokens,
+        predicted_reuse_tokens=d.predicted_reuse_tokens,
+        actual_reuse_tokens=actual_reuse,
+        predicted_s=d.predicted_s,
+        actual_s=tuple(getattr(body, f"{term}_s") for term in TERMS_AND_TTFT),
+        tpot_s=body.tpot_s,
+        e2e_s=body.e2e_s,
+        directory_mismatch_tokens=None if actual_reuse is None else max(0, d.predicted_reuse_tokens - actual_reuse),
+    )
