@@ -19,8 +19,10 @@ Every batch goes to DuckDB through :meth:`kvcost.data.store.LogStore.append`
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -33,9 +35,11 @@ _N_TERMS = len(TERMS_AND_TTFT)
 _TERMS_TEXT = ", ".join(TERMS_AND_TTFT)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRow:
-    """One ``requests`` row, ``run_id`` aside (a batch may hold rows of several runs).
+class RequestRow(NamedTuple):
+    """One ``requests`` row, ``run_id`` aside (a batch may hold rows of several runs); immutable.
+
+    A named tuple rather than a dataclass: the replay builds one per request
+    on its hot path. :func:`request_columns` checks the term vectors.
 
     Attributes:
         request_id: request id (the trace line, or the client's id).
@@ -52,9 +56,6 @@ class RequestRow:
         directory_mismatch_tokens: promised reuse that was gone at admission.
         mismatch_lost_s: nominal prefill time of the mismatch tokens, seconds.
         served_by: prefix source (``local_hit``, ``tier_load``, ``remote_transfer``, ``recompute``).
-
-    Raises:
-        ValueError: ``predicted_s`` or ``actual_s`` does not hold one value per term (names the field).
     """
 
     request_id: int
@@ -72,20 +73,13 @@ class RequestRow:
     mismatch_lost_s: float | None = None
     served_by: str | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("predicted_s", "actual_s"):
-            n = len(getattr(self, name))
-            if n != _N_TERMS:
-                raise ValueError(f"RequestRow.{name} has {n} values, expected {_N_TERMS} ({_TERMS_TEXT})")
-
 
 #: ``requests`` columns filled from a :class:`RequestRow` field of the same name, in schema order.
 _REQUEST_SCALARS: tuple[str, ...] = tuple(
     c.name for c in SCHEMA["requests"] if c.name not in ("run_id", *PRED_COLUMNS, *ACTUAL_COLUMNS)
 )
-_ROW_FIELDS = {f.name for f in fields(RequestRow)} - {"predicted_s", "actual_s"}
-if set(_REQUEST_SCALARS) != _ROW_FIELDS:  # the schema and the row type must not drift apart
-    raise ImportError(f"RequestRow fields {sorted(_ROW_FIELDS)} != requests columns {sorted(_REQUEST_SCALARS)}")
+if set(_REQUEST_SCALARS) != set(RequestRow._fields) - {"predicted_s", "actual_s"}:  # schema and row type agree
+    raise ImportError(f"RequestRow fields {RequestRow._fields} do not match requests columns {_REQUEST_SCALARS}")
 _NUMPY_DTYPES = {"BIGINT": np.int64, "DOUBLE": np.float64}
 
 
@@ -98,24 +92,37 @@ def request_columns(rows: Sequence[RequestRow]) -> dict[str, np.ndarray | list]:
 
     Returns:
         One entry per ``requests`` column but ``run_id``, each of ``len(rows)`` values.
+
+    Raises:
+        ValueError: a row's ``predicted_s`` or ``actual_s`` does not hold one value per term
+            (the message names the field, the request and the terms).
     """
-    terms = _term_columns(PRED_COLUMNS, [r.predicted_s for r in rows])
-    terms |= _term_columns(ACTUAL_COLUMNS, [r.actual_s for r in rows])
+    fields = dict(zip(RequestRow._fields, zip(*rows, strict=True), strict=True)) if rows else {}
+    terms = _term_columns("predicted_s", PRED_COLUMNS, rows, fields)
+    terms |= _term_columns("actual_s", ACTUAL_COLUMNS, rows, fields)
     columns: dict[str, np.ndarray | list] = {}
     for column in SCHEMA["requests"][1:]:
         if column.name in terms:
             columns[column.name] = terms[column.name]
             continue
-        values = [getattr(r, column.name) for r in rows]
+        values = fields.get(column.name, ())
         dtype = _NUMPY_DTYPES.get(column.sql_type, object)
-        nullable_int = dtype is np.int64 and any(v is None for v in values)
-        columns[column.name] = values if nullable_int else np.array(values, dtype=dtype)
+        nullable_int = dtype is np.int64 and None in values
+        columns[column.name] = list(values) if nullable_int else np.array(values, dtype=dtype)
     return columns
 
 
-def _term_columns(names: tuple[str, ...], vectors: list[tuple]) -> dict[str, np.ndarray]:
-    """One float64 column per term name from per-row vectors (None → NaN)."""
-    matrix = np.array(vectors, dtype=np.float64).reshape(len(vectors), _N_TERMS)
+def _term_columns(field: str, names: tuple[str, ...], rows: Sequence[RequestRow], fields: dict) -> dict:
+    """One float64 column per term name from the rows' ``field`` vectors (None → NaN)."""
+    vectors = fields.get(field, ())
+    try:
+        matrix = np.array(vectors, dtype=np.float64).reshape(len(vectors), _N_TERMS)
+    except ValueError:  # ragged, or every vector one term short or long
+        bad = next(i for i, v in enumerate(vectors) if len(v) != _N_TERMS)
+        raise ValueError(
+            f"RequestRow.{field} of request_id {rows[bad].request_id} has {len(vectors[bad])} values, "
+            f"expected {_N_TERMS} ({_TERMS_TEXT})"
+        ) from None
     return {name: matrix[:, j] for j, name in enumerate(names)}
 
 
@@ -180,25 +187,6 @@ class CandidateBatch:
             predicted_s=decision.predictions.as_matrix() if predicted_s is None else predicted_s,
         )
 
-    @classmethod
-    def concat(cls, batches: Sequence[CandidateBatch]) -> CandidateBatch:
-        """The rows of ``batches`` in order (an empty batch if there are none)."""
-        if not batches:
-            return cls(
-                np.empty(0, np.int64),
-                np.empty(0, np.int64),
-                np.empty(0, bool),
-                np.empty((0, len(FEATURE_NAMES))),
-                np.empty((0, _N_TERMS)),
-            )
-        return cls(
-            request_id=np.concatenate([b.request_id for b in batches]),
-            worker_id=np.concatenate([b.worker_id for b in batches]),
-            chosen=np.concatenate([b.chosen for b in batches]),
-            features=np.vstack([b.features for b in batches]),
-            predicted_s=np.vstack([b.predicted_s for b in batches]),
-        )
-
     def columns(self) -> dict[str, np.ndarray]:
         """The ``candidates`` columns (without ``run_id``) in schema order; features as float64 (the log rounds)."""
         columns = {"request_id": self.request_id, "worker_id": self.worker_id, "chosen": self.chosen}
@@ -212,6 +200,47 @@ class CandidateBatch:
     def batch(self, run_id: str) -> TableBatch:
         """The rows as a ``candidates`` batch, all of ``run_id``."""
         return TableBatch("candidates", {"run_id": [run_id] * len(self.request_id), **self.columns()})
+
+
+class CandidateLog:
+    """The candidates of many decisions: :meth:`add` keeps references (cheap, per decision), :meth:`batch` stacks them.
+
+    The replay adds every routing decision and builds one :class:`CandidateBatch` at the end.
+    """
+
+    def __init__(self) -> None:
+        self._request_ids: list[int] = []
+        self._worker_ids: list[tuple[int, ...]] = []
+        self._chosen: list[int] = []
+        self._features: list[np.ndarray] = []
+        self._predicted: list[np.ndarray] = []
+
+    def add(self, decision: RouteDecision, predicted_s: np.ndarray) -> None:
+        """Keep ``decision``'s candidates; ``predicted_s``: its ``predictions.as_matrix()``, ``(n_candidates, 6)``."""
+        self._request_ids.append(decision.request_id)
+        self._worker_ids.append(decision.worker_ids)
+        self._chosen.append(decision.chosen_index)
+        self._features.append(decision.features)
+        self._predicted.append(predicted_s)
+
+    def batch(self) -> CandidateBatch:
+        """Every kept candidate, decisions in the order added.
+
+        Raises:
+            ValueError: as :class:`CandidateBatch` (a decision whose arrays disagree in length or width).
+        """
+        counts = np.fromiter(map(len, self._worker_ids), np.int64, len(self._worker_ids))
+        total = int(counts.sum())
+        chosen = np.zeros(total, dtype=bool)
+        chosen[np.cumsum(counts) - counts + np.asarray(self._chosen, dtype=np.int64)] = True
+        empty = not self._features
+        return CandidateBatch(
+            request_id=np.repeat(np.asarray(self._request_ids, dtype=np.int64), counts),
+            worker_id=np.fromiter(itertools.chain.from_iterable(self._worker_ids), np.int64, total),
+            chosen=chosen,
+            features=np.empty((0, len(FEATURE_NAMES))) if empty else np.vstack(self._features),
+            predicted_s=np.empty((0, _N_TERMS)) if empty else np.vstack(self._predicted),
+        )
 
 
 @dataclass(frozen=True, slots=True)

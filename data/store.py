@@ -57,6 +57,9 @@ TERMS_AND_TTFT: tuple[str, ...] = (*TERMS, "ttft")
 PRED_COLUMNS: tuple[str, ...] = tuple(f"pred_{t}_s" for t in TERMS_AND_TTFT)
 #: ``actual_<term>_s`` in :data:`TERMS_AND_TTFT` order (``requests``).
 ACTUAL_COLUMNS: tuple[str, ...] = tuple(f"actual_{t}_s" for t in TERMS_AND_TTFT)
+#: Column of each term (and ``"ttft"``) in :data:`PRED_COLUMNS` / :data:`ACTUAL_COLUMNS`.
+PRED_COLUMN: dict[str, str] = dict(zip(TERMS_AND_TTFT, PRED_COLUMNS, strict=True))
+ACTUAL_COLUMN: dict[str, str] = dict(zip(TERMS_AND_TTFT, ACTUAL_COLUMNS, strict=True))
 
 
 def _terms(names: tuple[str, ...], what: str) -> list[Column]:

@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from kvcost.core.composition import TERMS  # noqa: E402
 from kvcost.core.reporting import markdown_table, write_json  # noqa: E402
+from kvcost.data.store import TERMS_AND_TTFT  # noqa: E402
 from kvcost.models.mlflow_store import DEFAULT_TRACKING_URI, log_and_register  # noqa: E402
 from kvcost.models.term_set import TermModelSet  # noqa: E402
 from kvcost.models.training import (  # noqa: E402
@@ -90,7 +90,7 @@ def run_training(
 def metric_rows(evaluation: dict) -> list[list[str]]:
     """Rows ``term, learned MAE, analytic MAE, ratio, learned P90 |err|, analytic P90 |err|, MAPEs``."""
     rows = []
-    for term in (*TERMS, "ttft"):
+    for term in TERMS_AND_TTFT:
         learned, analytic = evaluation["learned"][term], evaluation["analytic"][term]
         ratio = learned["mae_s"] / analytic["mae_s"] if analytic["mae_s"] > 0 else float("nan")
         rows.append(

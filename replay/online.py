@@ -14,6 +14,7 @@ trace's load swings) with the predictions made for it at decision time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -26,9 +27,10 @@ from kvcost.models.term_set import TermModelSet
 from kvcost.models.training import TimeSplit, train_term_set
 
 
-@dataclass(frozen=True, slots=True)
-class CompletedRequest:
+class CompletedRequest(NamedTuple):
     """A measured request the replay completed: its ``requests`` row and what the learner needs beside it.
+
+    A named tuple (immutable, typed): the replay builds one per request on its hot path.
 
     Attributes:
         row: the request's log row (predicted and actual terms, arrival, worker).

@@ -24,7 +24,7 @@ import pandas as pd
 
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import REMOTE_STORE_ID, Namespace, ReusePlan, RouteDecision, RouteRequest
-from kvcost.data.log_rows import CandidateBatch, RequestRow, requests_frame
+from kvcost.data.log_rows import CandidateLog, RequestRow, requests_frame
 from kvcost.data.traces import Trace
 from kvcost.eviction import EvictionContext, block_cost_table
 from kvcost.eviction.index import make_eviction_index
@@ -309,7 +309,7 @@ class _Log:
         self.decisions: dict[int, tuple[int, np.ndarray, np.ndarray, float]] = {}
         #: every measured request completed so far, in completion order (the online learner reads it)
         self.observed: list[CompletedRequest] = []
-        self.candidates: list[CandidateBatch] = []
+        self.candidates = CandidateLog()
         self.samples: list[tuple] = []
         self.rejected = 0
         self.first_arrival_s = math.inf
@@ -323,7 +323,7 @@ class _Log:
         index = decision.chosen_index
         p90_s = float(decision.calibrated.p90_s[index]) if decision.calibrated is not None else math.nan
         self.decisions[request.request_id] = (decision.worker_id, preds[index], decision.features[index], p90_s)
-        self.candidates.append(CandidateBatch.of_decision(decision, preds))
+        self.candidates.add(decision, preds)
 
     def complete(self, done: list[SimRequest]) -> None:
         for r in done:
@@ -377,7 +377,7 @@ class _Log:
         busy = np.array([w.prefill_busy_s for w in workers])
         return ReplayResult(
             requests=requests,
-            candidates=CandidateBatch.concat(self.candidates).frame(),
+            candidates=self.candidates.batch().frame(),
             worker_samples=pd.DataFrame(
                 self.samples,
                 columns=[
