@@ -342,7 +342,7 @@ class ScoringService:
                 f"request_id {body.request_id} is unknown: never routed by this service's log, "
                 f"or older than the last {self.settings.max_decisions} decisions"
             )
-        while decision.pending is not None:  # an observation of this id is being committed; _settle clears it
+        while decision.pending is not None:  # an observation of this id is in commit; DecisionRecord.settle clears it
             await asyncio.wait([decision.pending])
         if decision.observed:
             self.metrics.observations.labels("duplicate").inc()
