@@ -49,10 +49,10 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from kvcost.core.composition import TERMS
+from kvcost.data.store import TERMS_AND_TTFT
 
 #: Keys the monitor tracks: every TTFT term plus the composed ``"ttft"``.
-MONITORED_TERMS: tuple[str, ...] = (*TERMS, "ttft")
+MONITORED_TERMS: tuple[str, ...] = TERMS_AND_TTFT
 
 Metric = Literal["mae_ratio", "speed_ratio", "coverage_90"]
 

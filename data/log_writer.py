@@ -7,13 +7,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
-
-from kvcost.data.store import LogStore
+from kvcost.data.store import LogStore, TableBatch
 
 _log = logging.getLogger(__name__)
 
@@ -24,8 +21,7 @@ class LogUnavailableError(RuntimeError):
 
 @dataclass(slots=True)
 class _Write:
-    table: str
-    columns: Mapping[str, Any]
+    rows: TableBatch
     urgent: bool = False
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
@@ -83,10 +79,11 @@ class LogWriter:
         """Start the thread."""
         self._thread.start()
 
-    def submit(self, table: str, columns: Mapping[str, Any], urgent: bool = False) -> concurrent.futures.Future:
-        """Queue rows (``columns`` as for :meth:`LogStore.append_columns`); the future resolves after the commit.
+    def submit(self, rows: TableBatch, urgent: bool = False) -> concurrent.futures.Future:
+        """Queue ``rows`` for :meth:`LogStore.append`; the future resolves to their count after the commit.
 
         Args:
+            rows: the rows to append (e.g. :func:`kvcost.data.log_rows.request_batch`).
             urgent: someone waits for the commit: commit as soon as possible; otherwise the
                 writer lingers up to ``linger_s`` to commit more rows in the same transaction.
 
@@ -95,7 +92,7 @@ class LogWriter:
         """
         if not self.alive:
             raise LogUnavailableError("the log writer is not running")
-        write = _Write(table, columns, urgent)
+        write = _Write(rows, urgent)
         try:
             self._queue.put_nowait(write)
         except queue.Full:
@@ -170,13 +167,13 @@ class LogWriter:
 
     def _commit(self, batch: list[_Write]) -> None:
         batch = [w for w in batch if w.future.set_running_or_notify_cancel()]
-        by_table: dict[str, list[_Write]] = {}
+        by_table: dict[str, list[TableBatch]] = {}
         for write in batch:
-            by_table.setdefault(write.table, []).append(write)
+            by_table.setdefault(write.rows.table, []).append(write.rows)
         try:
             with self.store.transaction():
-                for table, writes in by_table.items():
-                    self.store.append_columns(table, _merge([w.columns for w in writes]))
+                for groups in by_table.values():
+                    self.store.append(TableBatch.concat(groups))
         except Exception as exc:
             self.last_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             self.on_write_error()
@@ -187,17 +184,4 @@ class LogWriter:
         self.last_error = None
         self.batches += 1
         for write in batch:
-            write.future.set_result(len(next(iter(write.columns.values()))))
-
-
-def _merge(groups: list[Mapping[str, Any]]) -> Mapping[str, Any]:
-    if len(groups) == 1:
-        return groups[0]
-    merged: dict[str, Any] = {}
-    for name in groups[0]:
-        parts = [g[name] for g in groups]
-        if all(isinstance(p, np.ndarray) for p in parts):
-            merged[name] = np.concatenate(parts)
-        else:
-            merged[name] = [v for p in parts for v in p]
-    return merged
+            write.future.set_result(write.rows.num_rows)

@@ -16,8 +16,11 @@ The database is appended to, never overwritten. A log written by an older
 kvcost gains the columns added since (``ALTER TABLE … ADD COLUMN``, NULL in
 old rows); each run records the feature-spec hash its candidates were built
 with, and training reads only runs of the current hash.
-Writes are batched: one ``INSERT … SELECT`` per table and run from a pandas
-DataFrame, never row at a time.
+Writes are batched: every append is one :class:`TableBatch` (a column per
+schema column) inserted with one ``INSERT … SELECT`` from an Arrow table
+(:meth:`LogStore.append`), never row at a time; the typed rows of ``requests``
+and ``candidates`` that the simulator and the service both build are in
+:mod:`kvcost.data.log_rows`.
 """
 
 from __future__ import annotations
@@ -51,9 +54,20 @@ class Column:
     description: str
 
 
-def _terms(prefix: str, what: str) -> list[Column]:
-    cols = [Column(f"{prefix}_{t}_s", "DOUBLE", f"{what} {t} term, seconds") for t in TERMS]
-    return cols + [Column(f"{prefix}_ttft_s", "DOUBLE", f"{what} TTFT on the critical path, seconds")]
+#: The five terms, then TTFT: the order of every predicted / actual vector of the log.
+TERMS_AND_TTFT: tuple[str, ...] = (*TERMS, "ttft")
+#: ``pred_<term>_s`` in :data:`TERMS_AND_TTFT` order (``requests`` and ``candidates``).
+PRED_COLUMNS: tuple[str, ...] = tuple(f"pred_{t}_s" for t in TERMS_AND_TTFT)
+#: ``actual_<term>_s`` in :data:`TERMS_AND_TTFT` order (``requests``).
+ACTUAL_COLUMNS: tuple[str, ...] = tuple(f"actual_{t}_s" for t in TERMS_AND_TTFT)
+#: Column of each term (and ``"ttft"``) in :data:`PRED_COLUMNS` / :data:`ACTUAL_COLUMNS`.
+PRED_COLUMN: dict[str, str] = dict(zip(TERMS_AND_TTFT, PRED_COLUMNS, strict=True))
+ACTUAL_COLUMN: dict[str, str] = dict(zip(TERMS_AND_TTFT, ACTUAL_COLUMNS, strict=True))
+
+
+def _terms(names: tuple[str, ...], what: str) -> list[Column]:
+    described = [f"{what} {t} term, seconds" for t in TERMS] + [f"{what} TTFT on the critical path, seconds"]
+    return [Column(name, "DOUBLE", text) for name, text in zip(names, described, strict=True)]
 
 
 RUN_ID = Column("run_id", "VARCHAR", "run identifier")
@@ -76,8 +90,8 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         Column("output_tokens", "BIGINT", "generated tokens"),
         Column("predicted_reuse_tokens", "BIGINT", "reusable prefix the directory promised"),
         Column("actual_reuse_tokens", "BIGINT", "prefix actually reused at admission"),
-        *_terms("pred", "predicted"),
-        *_terms("actual", "actual"),
+        *_terms(PRED_COLUMNS, "predicted"),
+        *_terms(ACTUAL_COLUMNS, "actual"),
         Column("tpot_s", "DOUBLE", "mean time per output token after the first, seconds"),
         Column("e2e_s", "DOUBLE", "arrival to last token at the client, seconds"),
         Column("directory_mismatch_tokens", "BIGINT", "promised reuse that was gone at admission"),
@@ -90,7 +104,7 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         Column("worker_id", "BIGINT", "candidate worker"),
         Column("chosen", "BOOLEAN", "whether the router chose this candidate"),
         *(Column(f.name, f.dtype, f"{f.description} ({f.unit})") for f in FEATURE_SPEC),
-        *_terms("pred", "predicted"),
+        *_terms(PRED_COLUMNS, "predicted"),
     ),
     "worker_samples": (
         RUN_ID,
@@ -185,7 +199,7 @@ class LogStore:
         )
 
     def write_frame(self, table: str, run_id: str, frame: pd.DataFrame) -> int:
-        """Append ``frame`` (the table's columns without ``run_id``, any order) in one batch.
+        """Append ``frame`` (the table's columns without ``run_id``, any order) in one batch, all rows of ``run_id``.
 
         Returns:
             Rows written.
@@ -194,56 +208,27 @@ class LogStore:
             KeyError: unknown table.
             ValueError: a schema column is missing from ``frame`` or ``frame`` has extra columns.
         """
-        if table not in SCHEMA:
-            raise KeyError(f"unknown table {table!r}; expected one of {', '.join(SCHEMA)}")
-        names = [c.name for c in SCHEMA[table] if c.name != "run_id"]
-        missing = [n for n in names if n not in frame.columns]
-        extra = [n for n in frame.columns if n not in names]
-        if missing or extra:
-            raise ValueError(f"frame for {table}: missing columns {missing}, unexpected columns {extra}")
-        batch = frame[names].copy()
-        batch.insert(0, "run_id", run_id)
-        con = self.connection
-        con.register("_kvcost_batch", batch)
-        try:
-            cols = ", ".join(["run_id", *names])
-            con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _kvcost_batch")
-        finally:
-            con.unregister("_kvcost_batch")
-        return len(batch)
+        return self.append(TableBatch.from_frame(table, run_id, frame))
 
-    def append_columns(self, table: str, columns: Mapping[str, Sequence | np.ndarray]) -> int:
-        """Append rows given column by column, ``run_id`` included (rows may belong to several runs).
+    def append(self, batch: TableBatch) -> int:
+        """Append ``batch``: one ``INSERT … SELECT`` from an Arrow table typed by :data:`SCHEMA` (the one write path).
 
-        One ``INSERT … SELECT`` from an Arrow table typed by :data:`SCHEMA`
-        (``None`` is NULL). Used by the scoring service's log writer, which
-        batches many decisions and observations into one transaction.
+        NaN and None are NULL; a float column of an integer type is rounded to
+        the nearest integer first. The simulator's log (:meth:`write_frame`) and
+        the scoring service's log writer (:class:`kvcost.data.log_writer.LogWriter`)
+        both write through here.
 
         Returns:
             Rows written.
-
-        Raises:
-            KeyError: unknown table.
-            ValueError: a column is missing or unexpected, or the columns differ in length.
         """
-        if table not in SCHEMA:
-            raise KeyError(f"unknown table {table!r}; expected one of {', '.join(SCHEMA)}")
-        names = [c.name for c in SCHEMA[table]]
-        missing = [n for n in names if n not in columns]
-        extra = [n for n in columns if n not in names]
-        if missing or extra:
-            raise ValueError(f"columns for {table}: missing {missing}, unexpected {extra}")
-        lengths = {len(columns[n]) for n in names}
-        if len(lengths) > 1:
-            raise ValueError(f"columns for {table} differ in length: {sorted(lengths)}")
-        arrow = pa.table({c.name: pa.array(columns[c.name], type=_ARROW_TYPES[c.sql_type]) for c in SCHEMA[table]})
+        arrow = batch.arrow()
         con = self.connection
-        con.register("_kvcost_columns", arrow)
+        con.register("_kvcost_batch", arrow)
         try:
-            cols = ", ".join(names)
-            con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _kvcost_columns")
+            cols = ", ".join(arrow.column_names)
+            con.execute(f"INSERT INTO {batch.table} ({cols}) SELECT {cols} FROM _kvcost_batch")
         finally:
-            con.unregister("_kvcost_columns")
+            con.unregister("_kvcost_batch")
         return arrow.num_rows
 
     def read_block_events(self, run_id: str) -> pd.DataFrame:
@@ -278,3 +263,97 @@ _ARROW_TYPES = {
     "BOOLEAN": pa.bool_(),
     "TIMESTAMP": pa.timestamp("us"),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class TableBatch:
+    """Rows of one table, column by column: the unit every append writes (:meth:`LogStore.append`).
+
+    Attributes:
+        table: a table of :data:`SCHEMA`.
+        columns: every column of the table, ``run_id`` included, by name: a numpy
+            array or a sequence (``None`` is NULL), all of one length (rows may
+            belong to several runs).
+
+    Raises:
+        KeyError: unknown table.
+        ValueError: a column is missing or unexpected, or a column's length differs from the first's
+            (the message names the column and both lengths).
+    """
+
+    table: str
+    columns: Mapping[str, Sequence | np.ndarray]
+
+    def __post_init__(self) -> None:
+        if self.table not in SCHEMA:
+            raise KeyError(f"unknown table {self.table!r}; expected one of {', '.join(SCHEMA)}")
+        names = [c.name for c in SCHEMA[self.table]]
+        missing = [n for n in names if n not in self.columns]
+        extra = [n for n in self.columns if n not in names]
+        if missing or extra:
+            raise ValueError(f"columns for {self.table}: missing {missing}, unexpected {extra}")
+        first = names[0]
+        for name in names[1:]:
+            if len(self.columns[name]) != len(self.columns[first]):
+                raise ValueError(
+                    f"columns for {self.table}: {name} has {len(self.columns[name])} rows, "
+                    f"expected {len(self.columns[first])} (as {first})"
+                )
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the batch."""
+        return len(self.columns["run_id"])
+
+    @classmethod
+    def from_frame(cls, table: str, run_id: str, frame: pd.DataFrame) -> TableBatch:
+        """The rows of ``frame`` (the table's columns without ``run_id``, any order), all of ``run_id``.
+
+        Raises:
+            KeyError: unknown table.
+            ValueError: a schema column is missing from ``frame`` or ``frame`` has extra columns.
+        """
+        if table not in SCHEMA:
+            raise KeyError(f"unknown table {table!r}; expected one of {', '.join(SCHEMA)}")
+        names = [c.name for c in SCHEMA[table] if c.name != "run_id"]
+        missing = [n for n in names if n not in frame.columns]
+        extra = [n for n in frame.columns if n not in names]
+        if missing or extra:
+            raise ValueError(f"frame for {table}: missing columns {missing}, unexpected columns {extra}")
+        columns = {"run_id": np.full(len(frame), run_id, dtype=object)}
+        return cls(table, columns | {n: frame[n].to_numpy() for n in names})
+
+    @classmethod
+    def concat(cls, batches: Sequence[TableBatch]) -> TableBatch:
+        """The rows of ``batches`` (one table, at least one batch) in order: arrays concatenated, else lists joined.
+
+        Raises:
+            ValueError: no batch, or batches of different tables.
+        """
+        if not batches:
+            raise ValueError("batches is empty; expected at least one TableBatch")
+        tables = {b.table for b in batches}
+        if len(tables) > 1:
+            raise ValueError(f"batches of several tables {sorted(tables)}; expected one")
+        if len(batches) == 1:
+            return batches[0]
+        merged: dict[str, Sequence | np.ndarray] = {}
+        for name in batches[0].columns:
+            parts = [b.columns[name] for b in batches]
+            if all(isinstance(p, np.ndarray) for p in parts):
+                merged[name] = np.concatenate(parts)
+            else:
+                merged[name] = [v for p in parts for v in p]
+        return cls(batches[0].table, merged)
+
+    def arrow(self) -> pa.Table:
+        """The batch as an Arrow table typed by :data:`SCHEMA`, in schema column order."""
+        return pa.table({c.name: _arrow_array(self.columns[c.name], c.sql_type) for c in SCHEMA[self.table]})
+
+
+def _arrow_array(values: Sequence | np.ndarray, sql_type: str) -> pa.Array:
+    """``values`` as an Arrow array of ``sql_type``'s type; NaN and None are null, integer columns' floats rounded."""
+    arrow_type = _ARROW_TYPES[sql_type]
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f" and pa.types.is_integer(arrow_type):
+        values = np.rint(values)
+    return pa.array(values, type=arrow_type, from_pandas=True)

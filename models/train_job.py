@@ -15,9 +15,9 @@ from pathlib import Path
 
 import duckdb
 
-from kvcost.core.composition import TERMS
 from kvcost.core.plots import plot_holdout_ttft
 from kvcost.core.reporting import markdown_table, write_json
+from kvcost.data.store import TERMS_AND_TTFT
 from kvcost.models.mlflow_store import DEFAULT_TRACKING_URI, log_and_register
 from kvcost.models.term_set import TermModelSet
 from kvcost.models.training import (
@@ -87,7 +87,7 @@ def run_training(
 def metric_rows(evaluation: dict) -> list[list[str]]:
     """Rows ``term, learned MAE, analytic MAE, ratio, learned P90 |err|, analytic P90 |err|, MAPEs``."""
     rows = []
-    for term in (*TERMS, "ttft"):
+    for term in TERMS_AND_TTFT:
         learned, analytic = evaluation["learned"][term], evaluation["analytic"][term]
         ratio = learned["mae_s"] / analytic["mae_s"] if analytic["mae_s"] > 0 else float("nan")
         rows.append(

@@ -25,13 +25,13 @@ from kvcost.calibration.conformal import SplitConformal
 from kvcost.calibration.isotonic import IsotonicCalibrator
 from kvcost.core.composition import TERMS
 from kvcost.data.segments import connect_segments
+from kvcost.data.store import ACTUAL_COLUMN, ACTUAL_COLUMNS, TERMS_AND_TTFT
 from kvcost.features.spec import FEATURE_NAMES, feature_spec_hash
 from kvcost.models.predictors import make_term_predictor
 from kvcost.models.term_set import TermModelSet
 
 #: Rows with an actual value above this enter the MAPE (seconds).
 MAPE_FLOOR_S = 0.1
-ACTUAL_COLUMNS: tuple[str, ...] = tuple(f"actual_{t}_s" for t in TERMS) + ("actual_ttft_s",)
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def prediction_block(db: str | Path, run_ids: Sequence[str], predictor: str = "l
     """
     split = split_by_time(load_training_frame(db, run_ids))
     evaluation = evaluate(train_term_set(split, predictor), split.holdout)
-    terms = (*TERMS, "ttft")
+    terms = TERMS_AND_TTFT
     return {
         "holdout_rows": evaluation["rows"],
         "mae_s": {
@@ -174,8 +174,10 @@ def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> T
     for term in TERMS:
         known = _known(split.train, term)
         if not known.any():
-            raise ValueError(f"actual_{term}_s is missing in all {len(known)} training rows; expected some observed")
-        target = split.train[f"actual_{term}_s"].to_numpy()[known]
+            raise ValueError(
+                f"{ACTUAL_COLUMN[term]} is missing in all {len(known)} training rows; expected some observed"
+            )
+        target = split.train[ACTUAL_COLUMN[term]].to_numpy()[known]
         predictors[term] = make_term_predictor(predictor, term, **params).fit(x_train[known], target)
     model_set = TermModelSet(predictors)
     iso_rows, conformal_rows = _halves(split.calibration)
@@ -208,7 +210,7 @@ def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> T
 
 def _known(frame: pd.DataFrame, term: str) -> np.ndarray:
     """bool ``(n,)``: rows whose actual ``term`` was observed (``/v1/observe`` may give TTFT alone)."""
-    return frame[f"actual_{term}_s"].notna().to_numpy()
+    return frame[ACTUAL_COLUMN[term]].notna().to_numpy()
 
 
 def _halves(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -229,7 +231,7 @@ def evaluate(model_set: TermModelSet, holdout: pd.DataFrame) -> dict:
     learned = model_set.predict(x)
     analytic = TermModelSet.analytic().predict(x)
     calibrated = model_set.calibrate(learned)
-    actual = {t: holdout[f"actual_{t}_s"].to_numpy() for t in (*TERMS, "ttft")}
+    actual = {t: holdout[ACTUAL_COLUMN[t]].to_numpy() for t in TERMS_AND_TTFT}
     out: dict = {"learned": {}, "analytic": {}, "rows": len(holdout)}
     for term in TERMS:
         known = _known(holdout, term)

@@ -14,15 +14,35 @@ trace's load swings) with the predictions made for it at decision time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from kvcost.calibration.drift import DriftMonitor
-from kvcost.core.composition import TERMS
+from kvcost.data.log_rows import RequestRow
+from kvcost.data.store import ACTUAL_COLUMNS, TERMS_AND_TTFT
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.models.term_set import TermModelSet
-from kvcost.models.training import ACTUAL_COLUMNS, TimeSplit, train_term_set
+from kvcost.models.training import TimeSplit, train_term_set
+
+
+class CompletedRequest(NamedTuple):
+    """A measured request the replay completed: its ``requests`` row and what the learner needs beside it.
+
+    A named tuple (immutable, typed): the replay builds one per request on its hot path.
+
+    Attributes:
+        row: the request's log row (predicted and actual terms, arrival, worker).
+        features: float64 ``(len(FEATURE_NAMES),)``, the chosen candidate's feature row at decision time.
+        p90_s: the calibrated P90 TTFT predicted at decision time, seconds (NaN when uncalibrated).
+        finish_s: last token, replay seconds.
+    """
+
+    row: RequestRow
+    features: np.ndarray
+    p90_s: float
+    finish_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +97,13 @@ class OnlineLearner:
     def __post_init__(self) -> None:
         self.next_retrain_s = self.settings.retrain_every_s
 
-    def observe(self, observations: list[tuple], now_s: float) -> None:
-        """Feed newly completed requests (``_Log.observed`` entries from ``_seen`` on) to the drift monitor."""
-        for _features, actual, _arrival, worker_id, pred, p90_s, _finish in observations[self._seen :]:
-            predicted = {t: float(pred[i]) for i, t in enumerate(TERMS)} | {"ttft": float(pred[len(TERMS)])}
-            measured = {t: float(actual[i]) for i, t in enumerate(TERMS)} | {"ttft": float(actual[len(TERMS)])}
-            self.monitor.observe(worker_id, now_s, predicted, measured, None if np.isnan(p90_s) else p90_s)
+    def observe(self, observations: list[CompletedRequest], now_s: float) -> None:
+        """Feed newly completed requests (``observations`` from the first not yet seen on) to the drift monitor."""
+        for o in observations[self._seen :]:
+            predicted = {t: float(v) for t, v in zip(TERMS_AND_TTFT, o.row.predicted_s, strict=True)}
+            measured = {t: float(v) for t, v in zip(TERMS_AND_TTFT, o.row.actual_s, strict=True)}
+            p90_s = None if np.isnan(o.p90_s) else o.p90_s
+            self.monitor.observe(o.row.worker_id, now_s, predicted, measured, p90_s)
         self._seen = len(observations)
         for alert in self.monitor.check(now_s):
             self._drift_pending |= alert.metric == "speed_ratio"
@@ -97,7 +118,7 @@ class OnlineLearner:
                 }
             )
 
-    def maybe_retrain(self, observations: list[tuple], now_s: float) -> TermModelSet | None:
+    def maybe_retrain(self, observations: list[CompletedRequest], now_s: float) -> TermModelSet | None:
         """Retrain when the schedule or a drift alert says so and enough rows exist."""
         drift = (
             self.settings.retrain_on_drift
@@ -118,13 +139,13 @@ class OnlineLearner:
         return model_set
 
 
-def observations_frame(observations: list[tuple]) -> pd.DataFrame:
+def observations_frame(observations: list[CompletedRequest]) -> pd.DataFrame:
     """Training rows (FEATURE_NAMES, ``actual_*_s``, ``arrival_s``, ``worker_id``) in completion order."""
-    features = np.vstack([o[0] for o in observations])
+    features = np.vstack([o.features for o in observations])
     frame = pd.DataFrame(features, columns=list(FEATURE_NAMES))
-    actual = np.array([o[1] for o in observations], dtype=np.float64)
+    actual = np.array([o.row.actual_s for o in observations], dtype=np.float64)
     for i, name in enumerate(ACTUAL_COLUMNS):
         frame[name] = actual[:, i]
-    frame["arrival_s"] = [o[2] for o in observations]
-    frame["worker_id"] = [o[3] for o in observations]
+    frame["arrival_s"] = [o.row.arrival_s for o in observations]
+    frame["worker_id"] = [o.row.worker_id for o in observations]
     return frame

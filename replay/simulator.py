@@ -22,24 +22,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from kvcost.core.composition import TERMS
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import REMOTE_STORE_ID, Namespace, ReusePlan, RouteDecision, RouteRequest
+from kvcost.data.log_rows import CandidateLog, RequestRow, requests_frame
 from kvcost.data.traces import Trace
 from kvcost.eviction import EvictionContext, block_cost_table
 from kvcost.eviction.index import make_eviction_index
-from kvcost.features.spec import FEATURE_NAMES
 from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.kv_cache import BLOCK_EVENT_COLUMNS, BlockPool
-from kvcost.replay.online import OnlineLearner, OnlineSettings
+from kvcost.replay.online import CompletedRequest, OnlineLearner, OnlineSettings
 from kvcost.replay.tiers import TierCache, WorkerTiers
 from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.router import Router
-
-PRED_COLUMNS: tuple[str, ...] = tuple(f"pred_{t}_s" for t in TERMS) + ("pred_ttft_s",)
-ACTUAL_COLUMNS: tuple[str, ...] = tuple(f"actual_{t}_s" for t in TERMS) + ("actual_ttft_s",)
 
 
 @dataclass(frozen=True)
@@ -304,18 +300,16 @@ def _block_events(workers: list[SimWorker]) -> pd.DataFrame:
 
 
 class _Log:
-    """Column buffers for the replay's tables (batched: one DataFrame per table at the end)."""
+    """The replay's log as it happens, in typed rows (:mod:`kvcost.data.log_rows`); one DataFrame a table at the end."""
 
     def __init__(self, config: ClusterConfig, n_workers: int) -> None:
         self.warmup_s = config.warmup_s
         self.cache_enabled = config.cache_enabled
         self.n_workers = n_workers
         self.decisions: dict[int, tuple[int, np.ndarray, np.ndarray, float]] = {}
-        # per completed request: (chosen features, actual terms + TTFT, arrival, worker, predicted, P90, finish)
-        self.observed: list[tuple] = []
-        self.rows: list[tuple] = []
-        self.candidate_blocks: list[np.ndarray] = []
-        self.candidate_ids: list[tuple[int, tuple[int, ...], int]] = []
+        #: every measured request completed so far, in completion order (the online learner reads it)
+        self.observed: list[CompletedRequest] = []
+        self.candidates = CandidateLog()
         self.samples: list[tuple] = []
         self.rejected = 0
         self.first_arrival_s = math.inf
@@ -329,8 +323,7 @@ class _Log:
         index = decision.chosen_index
         p90_s = float(decision.calibrated.p90_s[index]) if decision.calibrated is not None else math.nan
         self.decisions[request.request_id] = (decision.worker_id, preds[index], decision.features[index], p90_s)
-        self.candidate_blocks.append(np.hstack([decision.features, preds]))
-        self.candidate_ids.append((request.request_id, decision.worker_ids, decision.chosen_index))
+        self.candidates.add(decision, preds)
 
     def complete(self, done: list[SimRequest]) -> None:
         for r in done:
@@ -345,25 +338,23 @@ class _Log:
             e2e_s = r.finish_s + r.first_token_overhead_s - r.arrival_s
             mismatch = max(0, r.predicted_reuse_tokens - r.reused_tokens)
             actual = (queue_s, r.lookup_s, r.transfer_s, prefill_s, r.first_token_overhead_s, ttft_s)
-            self.observed.append((features, actual, r.arrival_s, worker_id, pred, p90_s, r.finish_s))
-            self.rows.append(
-                (
-                    r.request_id,
-                    r.arrival_s,
-                    worker_id,
-                    r.input_tokens,
-                    r.output_tokens,
-                    r.predicted_reuse_tokens,
-                    r.reused_tokens,
-                    *pred.tolist(),
-                    *actual,
-                    tpot_s,
-                    e2e_s,
-                    mismatch,
-                    r.mismatch_lost_s,
-                    r.served_by,
-                )
+            row = RequestRow(
+                request_id=r.request_id,
+                arrival_s=r.arrival_s,
+                worker_id=worker_id,
+                input_tokens=r.input_tokens,
+                output_tokens=r.output_tokens,
+                predicted_reuse_tokens=r.predicted_reuse_tokens,
+                actual_reuse_tokens=r.reused_tokens,
+                predicted_s=tuple(pred.tolist()),
+                actual_s=actual,
+                tpot_s=tpot_s,
+                e2e_s=e2e_s,
+                directory_mismatch_tokens=mismatch,
+                mismatch_lost_s=r.mismatch_lost_s,
+                served_by=r.served_by,
             )
+            self.observed.append(CompletedRequest(row, features, p90_s, r.finish_s))
 
     def sample(self, now: float, workers: list[SimWorker]) -> None:
         for w in workers:
@@ -380,28 +371,13 @@ class _Log:
             )
 
     def result(self, workers: list[SimWorker]) -> ReplayResult:
-        columns = [
-            "request_id",
-            "arrival_s",
-            "worker_id",
-            "input_tokens",
-            "output_tokens",
-            "predicted_reuse_tokens",
-            "actual_reuse_tokens",
-            *PRED_COLUMNS,
-            *ACTUAL_COLUMNS,
-            "tpot_s",
-            "e2e_s",
-            "directory_mismatch_tokens",
-            "mismatch_lost_s",
-            "served_by",
-        ]
-        requests = pd.DataFrame(self.rows, columns=columns).sort_values("request_id", ignore_index=True)
-        makespan_s = max(0.0, self.last_finish_s - self.first_arrival_s) if self.rows else 0.0
+        rows = [o.row for o in self.observed]
+        requests = requests_frame(rows).sort_values("request_id", ignore_index=True)
+        makespan_s = max(0.0, self.last_finish_s - self.first_arrival_s) if rows else 0.0
         busy = np.array([w.prefill_busy_s for w in workers])
         return ReplayResult(
             requests=requests,
-            candidates=self._candidates(),
+            candidates=self.candidates.batch().frame(),
             worker_samples=pd.DataFrame(
                 self.samples,
                 columns=[
@@ -418,17 +394,3 @@ class _Log:
             makespan_s=makespan_s,
             rejected_requests=self.rejected,
         )
-
-    def _candidates(self) -> pd.DataFrame:
-        names = [*FEATURE_NAMES, *PRED_COLUMNS]
-        if not self.candidate_blocks:
-            return pd.DataFrame(columns=["request_id", "worker_id", "chosen", *names])
-        values = np.vstack(self.candidate_blocks)
-        request_ids = np.concatenate([np.full(len(w), rid) for rid, w, _ in self.candidate_ids])
-        worker_ids = np.concatenate([np.asarray(w) for _, w, _ in self.candidate_ids])
-        chosen = np.concatenate([np.arange(len(w)) == i for _, w, i in self.candidate_ids])
-        frame = pd.DataFrame(values, columns=names)
-        frame.insert(0, "chosen", chosen)
-        frame.insert(0, "worker_id", worker_ids)
-        frame.insert(0, "request_id", request_ids)
-        return frame

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from kvcost.core.composition import TERMS
+from kvcost.data.store import TERMS_AND_TTFT
 from kvcost.serving.engines.kv_events import IngestStats
 
 #: ``reason_kind`` label values kept; any further kind is counted as ``other`` (bounded cardinality).
@@ -238,7 +238,7 @@ class ServiceMetrics:
             ["worker"],
             registry=r,
         )
-        for term in (*TERMS, "ttft"):  # every term series exists from the start
+        for term in TERMS_AND_TTFT:  # every term series exists from the start
             self.prediction_abs_error.labels(term)
         for endpoint in ("score", "route"):
             self.route_latency.labels(endpoint)

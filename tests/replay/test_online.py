@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
+from kvcost.data.log_rows import RequestRow
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
-from kvcost.replay.online import OnlineLearner, OnlineSettings, observations_frame
+from kvcost.replay.online import CompletedRequest, OnlineLearner, OnlineSettings, observations_frame
 
 
 def _observations(n, t0=0.0, slow_worker=None):
@@ -14,8 +15,9 @@ def _observations(n, t0=0.0, slow_worker=None):
         worker = i % 4
         actual_prefill = prefill * (2.0 if worker == slow_worker else 1.0)
         actual = (0.0, 0.0, 0.0, actual_prefill, 0.0, actual_prefill)
-        predicted = np.array([0.0, 0.0, 0.0, prefill, 0.0, prefill])
-        out.append((features, actual, t0 + i, worker, predicted, np.nan, t0 + i))
+        predicted = (0.0, 0.0, 0.0, prefill, 0.0, prefill)
+        row = RequestRow(i, t0 + i, worker, 100, 10, 0, 0, predicted, actual)
+        out.append(CompletedRequest(row, features, np.nan, t0 + i))
     return out
 
 

@@ -21,11 +21,12 @@ from kvcost.core.types import Namespace, RouteRequest, WorkerSnapshot
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 from kvcost.models.predictors import make_term_predictor
 from kvcost.models.term_set import TermModelSet
+from kvcost.routing.block_hash import block_hashes_for
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.router import Router, RouterSettings
 from kvcost.serving.api import create_app
 from kvcost.serving.schemas import MAX_CANDIDATES, MAX_TOKENS
-from kvcost.serving.service import ScoringService, block_hashes_for
+from kvcost.serving.service import ScoringService
 from kvcost.serving.settings import ServiceSettings
 
 TOKEN = "s3cret-token"
@@ -452,16 +453,16 @@ def test_observe_while_log_is_failing_is_503_then_succeeds(client):
     service = client.app.state.service
     client.post("/v1/route", json=make_body(request_id=21), headers=AUTH)
     store = service._store
-    real = store.append_columns
+    real = store.append
 
-    def failing(table, columns):
+    def failing(rows):
         raise OSError("disk full")
 
-    store.append_columns = failing
+    store.append = failing
     try:
         response = client.post("/v1/observe", json={"request_id": 21, "ttft_s": 0.1}, headers=AUTH)
     finally:
-        store.append_columns = real
+        store.append = real
     assert response.status_code == 503
     assert response.json()["detail"] == "observation not recorded: OSError: disk full"
     assert client.get("/readyz").json()["status"] == "degraded"
