@@ -185,15 +185,3 @@ def study_summary(results: dict[str, ReplayResult], n_workers: int) -> dict:
         summary["online"] = {"retrains": list(online.retrains), "drift_alerts": list(online.drift_alerts)}
     return summary
 
-
-def run_experiment(
-    trace: Trace, base: ClusterConfig, progress: Callable[[int], None] | None = None
-) -> tuple[dict, dict[str, ReplayResult]]:
-    """Replay ``trace`` under the three configurations.
-
-    Returns:
-        ``(summary, results)``: configs, attribution and diagnosis (trace-level
-        keys are added by :mod:`kvcost.replay.runner`), and the per-configuration results.
-    """
-    results = {arm.name: replay(trace, configure(base, arm), progress) for arm in CONFIGURATIONS}
-    return study_summary(results, base.workers), results

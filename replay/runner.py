@@ -166,7 +166,7 @@ def execute(
             results[arm.name] = replay(
                 spec.trace, config, progress, cost_model if is_learned else None, online if is_learned else None
             )
-        run_ids = _log(store, spec, arms, results)
+        run_ids = _log_runs(store, spec, arms, results)
     summary = {**_study_header(spec), **study_summary(results, spec.config.workers)}
     if learned is not None:
         summary["learned_model"] = model_note
@@ -209,7 +209,8 @@ def _make_out(out: Path) -> None:
         raise ValueError(f"out = {str(out)!r} cannot be created: {exc.strerror}") from None
 
 
-def _log(store: LogStore, spec: RunSpec, arms: Sequence[Configuration], results: dict) -> dict[str, str]:
+def _log_runs(store: LogStore, spec: RunSpec, arms: Sequence[Configuration], results: dict) -> dict[str, str]:
+    """Append one run per arm to the log (run ids ``<batch>-<arm>``), roll the segments; returns arm → run id."""
     started = datetime.now(UTC)
     batch = uuid.uuid4().hex[:8]
     run_ids = {arm.name: f"{batch}-{arm.name}" for arm in arms}
