@@ -38,7 +38,7 @@ from kvcost.replay.bench import (
 )
 from kvcost.replay.bench_report import plot_hit_vs_p99, plot_p99_vs_load, write_bench_json, write_bench_md
 from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
-from kvcost.replay.experiment import CONFIGURATIONS, Configuration, configure, replay, study_summary
+from kvcost.replay.experiment import CONFIGURATIONS, LEARNED_ARM, Configuration, configure, replay, study_summary
 from kvcost.replay.metrics import infinite_cache_hit_ratio, p99_by_window
 from kvcost.replay.online import OnlineSettings
 from kvcost.replay.outputs import log_replay, plot_queues, plot_ttft_cdf, write_report_md
@@ -128,9 +128,6 @@ class LearnedSetup:
     mlflow_uri: str | None = None
 
 
-LEARNED_ARM = Configuration("learned_cost_aware", "learned_cost_aware", True)
-
-
 def execute(
     spec: RunSpec,
     arms: Sequence[Configuration],
@@ -161,7 +158,7 @@ def execute(
         _make_out(spec.out)
         results = {}
         for arm in arms:
-            is_learned = arm.policy == "learned_cost_aware"
+            is_learned = ROUTER_POLICIES.get(arm.policy).learned
             config = configure(spec.config, arm)
             results[arm.name] = replay(
                 spec.trace, config, progress, cost_model if is_learned else None, online if is_learned else None

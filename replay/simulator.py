@@ -36,6 +36,7 @@ from kvcost.replay.online import OnlineLearner, OnlineSettings
 from kvcost.replay.tiers import TierCache, WorkerTiers
 from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
 from kvcost.routing.directory import CacheDirectory
+from kvcost.routing.policies import PolicyContext
 from kvcost.routing.router import Router
 
 PRED_COLUMNS: tuple[str, ...] = tuple(f"pred_{t}_s" for t in TERMS) + ("pred_ttft_s",)
@@ -113,6 +114,8 @@ class ClusterSimulator:
         if online is not None and cost_model is None:
             cost_model = TermModelSet.analytic()  # online learning starts analytic by design: no fallback warning
         self.router = Router(self.directory, self.step_models, config.router, cost_model)
+        self._arriving: tuple = ()  # (trace request, its full block hashes) while it is being routed
+        self.router.policy.attach_truth(self._true_ttfts_s)
         self.online = OnlineLearner(online) if online is not None else None
         self.workers = [self._make_worker(i, gpu) for i, gpu in enumerate(config.fleet)]
         self.remote: TierCache | None = None
@@ -195,11 +198,8 @@ class ClusterSimulator:
         self._deliver_events(now)
         request = RouteRequest(trace_request.request_id, now, trace_request.input_tokens, full_hashes, self.namespace)
         snapshots = [w.snapshot(now) for w in self.workers]
-
-        def true_ttft_s() -> np.ndarray:
-            return np.array([self._true_ttft_s(w, trace_request, full_hashes, now) for w in self.workers])
-
-        decision = self.router.route(request, snapshots, now, true_ttft_s)
+        self._arriving = (trace_request, full_hashes)
+        decision = self.router.route(request, snapshots, now)
         predicted_reuse = int(decision.reusable_tokens[decision.chosen_index]) if self.config.cache_enabled else 0
         sim_request = SimRequest(
             trace_request.request_id,
@@ -253,6 +253,13 @@ class ClusterSimulator:
         source = self.workers[source_id]
         gpu_blocks = source.pool.match_blocks(chain)
         return gpu_blocks + sum(source.tiers.match_below(chain, gpu_blocks))
+
+    def _true_ttfts_s(self, ctx: PolicyContext) -> np.ndarray:
+        """The replay's truth for the request being routed (:data:`~kvcost.routing.policies.TruthFn`):
+        its true TTFT on each candidate of ``ctx`` at ``ctx.now_s``, seconds ``(n,)``."""
+        trace_request, full_hashes = self._arriving
+        workers = [self.workers[s.worker_id] for s in ctx.snapshots]
+        return np.array([self._true_ttft_s(w, trace_request, full_hashes, ctx.now_s) for w in workers])
 
     def _true_ttft_s(self, worker: SimWorker, trace_request, full_hashes: tuple[int, ...], now: float) -> float:
         """The TTFT this request would really get on ``worker`` if no other request arrived (the oracle's view)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -99,8 +99,8 @@ class Router:
         cost_model: per-term predictor of the candidates' TTFT, a
             :class:`~kvcost.models.term_set.TermModelSet` (or anything with ``predict``,
             ``calibrate`` and ``learned``). None = the analytic model.
-            ``learned_cost_aware`` without a learned model falls back to the
-            analytic one and says so once (a log warning and ``fallbacks``).
+            A ``learned`` policy (``learned_cost_aware``) without a learned model
+            falls back to the analytic one and says so once (a log warning and ``fallbacks``).
 
     Thread safety: not thread-safe (the skew window and stateful policies
     change on every decision); one router per event loop.
@@ -125,25 +125,18 @@ class Router:
 
     def set_cost_model(self, cost_model: TermModelSet | None) -> None:
         """Swap the cost model (e.g. newly retrained models); None = the analytic model."""
-        if cost_model is None and self.settings.policy == "learned_cost_aware" and not self.fallbacks:
-            _log.warning("learned_cost_aware has no learned model: routing with the analytic model")
+        if cost_model is None and self.policy.learned and not self.fallbacks:
+            _log.warning("%s has no learned model: routing with the analytic model", self.policy.name)
             self.fallbacks += 1
         self.cost_model = cost_model if cost_model is not None else TermModelSet.analytic()
 
-    def route(
-        self,
-        request: RouteRequest,
-        snapshots: Sequence[WorkerSnapshot],
-        now_s: float,
-        true_ttft_s: Callable[[], np.ndarray] | None = None,
-    ) -> RouteDecision:
+    def route(self, request: RouteRequest, snapshots: Sequence[WorkerSnapshot], now_s: float) -> RouteDecision:
         """Choose a worker for ``request`` among ``snapshots`` (non-empty).
 
         Args:
             request: the request.
             snapshots: candidate workers' load.
             now_s: decision time.
-            true_ttft_s: replay only: the simulator's true TTFT per candidate (for ``oracle``).
 
         Raises:
             ValueError: no candidates.
@@ -169,14 +162,11 @@ class Router:
             step_models=self.step_models,
             features=features,
             calibrated=calibrated,
-            true_ttft_s=true_ttft_s,
         )
         index, reason = self.policy.choose(ctx)
         if plans and plans[index].option == "fetch":
             reason += "; " + _fetch_reason(plans[index], ctx, local_score[index], index)
-        on_routed = getattr(self.policy, "on_routed", None)
-        if on_routed is not None:
-            on_routed(ctx, index)
+        self.policy.on_routed(ctx, index)
         self._record(worker_ids[index], request.input_tokens)
         return RouteDecision(
             request_id=request.request_id,
