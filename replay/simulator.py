@@ -27,7 +27,7 @@ from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import REMOTE_STORE_ID, Namespace, ReusePlan, RouteDecision, RouteRequest
 from kvcost.data.traces import Trace
 from kvcost.eviction import EvictionContext, block_cost_table
-from kvcost.eviction.index import make_eviction_index
+from kvcost.eviction.index import make_eviction_index, needs_index
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
@@ -136,7 +136,7 @@ class ClusterSimulator:
             self.block_size_tokens, self.config.gpu_memory_utilization
         )
         index = None
-        if self.config.eviction_policy != "lru":
+        if needs_index(self.config.eviction_policy):
             costs = block_cost_table(self.router.cost_model, step_model, self.block_size_tokens)
             index = make_eviction_index(self.config.eviction_policy, self.eviction, costs, capacity_blocks)
         pool = BlockPool(capacity_blocks, self.config.cache_enabled, index, self.record_block_events)
