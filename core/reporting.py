@@ -5,20 +5,35 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 
 def write_json(path: Path, data: dict) -> None:
     """Write ``data`` as indented JSON with sorted keys; non-finite floats become ``null``."""
-    path.write_text(json.dumps(_finite(data), indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(json_safe(data), indent=2, sort_keys=True) + "\n")
 
 
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+def json_safe(value: Any) -> Any:
+    """``value`` as plain JSON data: non-finite floats become None (JSON has no NaN), recursively.
+
+    Dicts get string keys, tuples become lists, numpy floats and ints become
+    Python ``float`` and ``int``; anything else is returned unchanged.
+
+    Example:
+        >>> json_safe({1: (float("nan"), np.int64(2))})
+        {'1': [None, 2]}
+    """
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
+    if isinstance(value, float | np.floating):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
     return value
 
 

@@ -69,6 +69,8 @@ from typing import Any
 
 import cbor2
 
+from kvcost.core.types import Namespace
+
 #: Mask of the low 64 bits that vLLM publishes as an int block hash.
 HASH_MASK_64 = (1 << 64) - 1
 #: vLLM's ``--prefix-caching-hash-algo`` choices (``PrefixCachingHashAlgo`` in ``vllm/config/cache.py``).
@@ -277,3 +279,39 @@ def block_hashes(
         ValueError: ``block_size`` < 1, or an unknown ``algorithm``.
     """
     return BlockHasher(block_size, hash_seed, algorithm).hashes(token_ids, extra_keys, salt)
+
+
+def block_hashes_for(
+    token_ids: Sequence[int],
+    block_size_tokens: int,
+    namespace: Namespace,
+    algorithm: str = DEFAULT_HASH_ALGORITHM,
+    hash_seed: str = "0",
+    cache: PrefixHashCache | None = None,
+) -> tuple[int, ...]:
+    """The block hashes a vLLM engine publishes for ``token_ids`` sent in ``namespace``; the service's token hasher.
+
+    vLLM's chaining (the module docstring): the namespace's adapter
+    is the LoRA name vLLM puts in every block's extra keys, its cache salt goes
+    in the first block's; ``algorithm`` and ``hash_seed`` are the engines'
+    ``--prefix-caching-hash-algo`` and ``PYTHONHASHSEED``. Model, revision and
+    KV layout are not hashed (vLLM does not): the directory keeps namespaces
+    apart. Only full blocks are hashed (a partial last block is not cacheable).
+
+    Args:
+        token_ids: prompt token ids, each in ``[0, 2**32)``.
+        block_size_tokens: tokens per block (≥ 1).
+        namespace: the request's KV namespace.
+        algorithm: one of :data:`kvcost.routing.block_hash.HASH_ALGORITHMS`.
+        hash_seed: the engines' ``PYTHONHASHSEED`` string.
+        cache: digests of blocks already hashed (shared prefixes are hashed once); None = none.
+
+    Returns:
+        ``len(token_ids) // block_size_tokens`` hashes in prompt order, each in ``[0, 2**64)``.
+
+    Raises:
+        ValueError: ``block_size_tokens`` < 1, or an unknown ``algorithm``.
+    """
+    extra_keys = (namespace.adapter,) if namespace.adapter else ()
+    hasher = BlockHasher(block_size_tokens, hash_seed, algorithm, cache)
+    return tuple(hasher.hashes(token_ids, extra_keys, namespace.cache_salt or None))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import xxhash
 
+from kvcost.core.types import Namespace
 from kvcost.routing.block_hash import (
     DEFAULT_HASH_ALGORITHM,
     HASH_ALGORITHMS,
@@ -13,6 +14,7 @@ from kvcost.routing.block_hash import (
     PrefixHashCache,
     block_digests,
     block_hashes,
+    block_hashes_for,
     external_hash,
     hash_function,
     none_hash,
@@ -205,3 +207,30 @@ def test_cache_drops_the_least_recently_used_and_skips_non_uint32_tokens():
     assert (len(cache), cache.misses) == (2, 3)
     with pytest.raises(ValueError, match="max_blocks = 0, expected ≥ 1"):
         PrefixHashCache(0)
+
+
+NS = Namespace("m", block_size_tokens=2)
+
+
+def test_block_hashes_are_vllms_with_the_namespace_extra_keys():
+    tokens = [1, 2, 3, 256, 9]  # two full blocks of two; the partial last block [9] is not hashed
+    assert block_hashes_for(tokens, 2, NS) == tuple(block_hashes(tokens, 2, hash_seed="0", algorithm="sha256"))
+    lora_salted = Namespace("m", adapter="sql-lora", cache_salt="tenant-1")
+    assert block_hashes_for(tokens, 2, lora_salted, "sha256_cbor", "7") == tuple(
+        block_hashes(tokens, 2, extra_keys=("sql-lora",), salt="tenant-1", hash_seed="7", algorithm="sha256_cbor")
+    )
+
+
+def test_block_hashes_chain_prefixes_and_separate_adapters_and_salts():
+    tokens = list(range(40))
+    full = block_hashes_for(tokens, 8, NS)
+    assert len(full) == 5 and all(0 <= h < 2**64 for h in full)
+    assert block_hashes_for(tokens[:24], 8, NS) == full[:3]  # a prefix's hashes are a prefix
+    assert block_hashes_for([99] + tokens[1:], 8, NS)[1] != full[1]  # chained: block 0 changes block 1
+    for other in (Namespace("m", adapter="lora-a"), Namespace("m", cache_salt="tenant-1")):
+        assert set(block_hashes_for(tokens, 8, other)).isdisjoint(full)
+    assert block_hashes_for(tokens, 8, Namespace("m2")) == full  # vLLM does not hash the model: the directory does
+    assert block_hashes_for(tokens, 8, NS, hash_seed="1") != full
+    assert block_hashes_for(tokens[:7], 8, NS) == ()
+    with pytest.raises(ValueError, match="block_size_tokens = 0"):
+        block_hashes_for(tokens, 0, NS)

@@ -21,11 +21,12 @@ from kvcost.core.types import Namespace, RouteRequest, WorkerSnapshot
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 from kvcost.models.predictors import make_term_predictor
 from kvcost.models.term_set import TermModelSet
+from kvcost.routing.block_hash import block_hashes_for
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.router import Router, RouterSettings
 from kvcost.serving.api import create_app
 from kvcost.serving.schemas import MAX_CANDIDATES, MAX_TOKENS
-from kvcost.serving.service import ScoringService, block_hashes_for
+from kvcost.serving.service import ScoringService
 from kvcost.serving.settings import ServiceSettings
 
 TOKEN = "s3cret-token"

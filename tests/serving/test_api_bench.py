@@ -20,10 +20,9 @@ import pytest
 
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import Namespace, RouteRequest, WorkerSnapshot
-from kvcost.routing.block_hash import HASH_ALGORITHMS, BlockHasher, PrefixHashCache
+from kvcost.routing.block_hash import HASH_ALGORITHMS, BlockHasher, PrefixHashCache, block_hashes_for
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.router import Router, RouterSettings
-from kvcost.serving.service import block_hashes_for
 from tests.serving.test_api_process import AUTH, Server
 
 pytestmark = pytest.mark.bench

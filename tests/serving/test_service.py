@@ -1,46 +1,16 @@
-"""Tests of kvcost.serving.service (token hashing, settings, decision store, recovery, log writer) and metrics."""
-
+"""Tests of kvcost.serving.service (settings, decision store, recovery, racing observations) and metrics."""
 
 import duckdb
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from kvcost.core.types import Namespace
-from kvcost.routing.block_hash import block_hashes
 from kvcost.routing.policies import ROUTER_POLICIES
 from kvcost.routing.policies.basic import LeastLoadedPolicy
 from kvcost.serving.api import create_app
 from kvcost.serving.metrics import ServiceMetrics, reason_kind
-from kvcost.serving.service import block_hashes_for
 from kvcost.serving.settings import ServiceSettings, is_loopback
 from tests.serving.test_api import AUTH, make_body, settings_for
-
-NS = Namespace("m", block_size_tokens=2)
-
-
-def test_block_hashes_are_vllms_with_the_namespace_extra_keys():
-    tokens = [1, 2, 3, 256, 9]  # two full blocks of two; the partial last block [9] is not hashed
-    assert block_hashes_for(tokens, 2, NS) == tuple(block_hashes(tokens, 2, hash_seed="0", algorithm="sha256"))
-    lora_salted = Namespace("m", adapter="sql-lora", cache_salt="tenant-1")
-    assert block_hashes_for(tokens, 2, lora_salted, "sha256_cbor", "7") == tuple(
-        block_hashes(tokens, 2, extra_keys=("sql-lora",), salt="tenant-1", hash_seed="7", algorithm="sha256_cbor")
-    )
-
-
-def test_block_hashes_chain_prefixes_and_separate_adapters_and_salts():
-    tokens = list(range(40))
-    full = block_hashes_for(tokens, 8, NS)
-    assert len(full) == 5 and all(0 <= h < 2**64 for h in full)
-    assert block_hashes_for(tokens[:24], 8, NS) == full[:3]  # a prefix's hashes are a prefix
-    assert block_hashes_for([99] + tokens[1:], 8, NS)[1] != full[1]  # chained: block 0 changes block 1
-    for other in (Namespace("m", adapter="lora-a"), Namespace("m", cache_salt="tenant-1")):
-        assert set(block_hashes_for(tokens, 8, other)).isdisjoint(full)
-    assert block_hashes_for(tokens, 8, Namespace("m2")) == full  # vLLM does not hash the model: the directory does
-    assert block_hashes_for(tokens, 8, NS, hash_seed="1") != full
-    assert block_hashes_for(tokens[:7], 8, NS) == ()
-    with pytest.raises(ValueError, match="block_size_tokens = 0"):
-        block_hashes_for(tokens, 0, NS)
 
 
 def test_settings_name_the_hash_algorithm():

@@ -257,15 +257,15 @@ def test_scrapes_become_snapshots_and_failures_age_them(tmp_path, servers):
         scraper = EngineMetricsScraper(targets, service.push_snapshot, service.metrics, timeout_s=2.0)
         results = asyncio.run(scraper.scrape_once())
         assert results == {0: "ok", 1: "parse_error", 2: "http_error", 3: "unreachable"}
-        snapshot, received_s = service._snapshots[0]
-        assert received_s == 100.0 and sorted(service._snapshots) == [0]
+        snapshot, received_s = service.routing.snapshots[0]
+        assert received_s == 100.0 and sorted(service.routing.snapshots) == [0]
         assert (snapshot.running_requests, snapshot.kv_capacity_blocks, snapshot.gpu) == (5, 2000, "a100")
-        assert snapshot == service._snapshot(0, snapshot_from_metrics(VLLM), ())  # as a POST would store it
+        assert snapshot == service.routing.snapshot(0, snapshot_from_metrics(VLLM), ())  # as a POST would store it
 
         vllm.body = "garbage now"  # the engine's endpoint breaks: the last snapshot stays and ages
         now[0] = 105.0
         assert asyncio.run(scraper.scrape_once())[0] == "parse_error"
-        assert service._snapshots[0] == (snapshot, 100.0)
+        assert service.routing.snapshots[0] == (snapshot, 100.0)
         assert scraper.results(0) == {"ok": 1, "parse_error": 1}
         text = service.metrics.render().decode()
         assert 'kvcost_snapshot_age_seconds{worker="0"} 5.0' in text

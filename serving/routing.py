@@ -1,0 +1,359 @@
+"""The service's routing: request bodies resolved into a ``RouteRequest`` and snapshots, scored, routed, remembered.
+
+:class:`Routing` holds the two embedded :class:`~kvcost.routing.router.Router`
+objects over the service's one directory (the routing router with the
+configured policy; a stateless ``cost_aware`` scorer for ``/v1/score``), the
+last snapshot pushed per worker, and the :class:`DecisionStore` that
+``/v1/observe`` joins actual times to.
+
+Thread safety: call from one event loop; routing and scoring hold the
+service's ``lock`` while they read the directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kvcost.core.hardware import StepTimeModel
+from kvcost.core.types import Namespace, RouteDecision, RouteRequest, WorkerSnapshot
+from kvcost.features.spec import FEATURE_INDEX
+from kvcost.models.term_set import TermModelSet
+from kvcost.routing.block_hash import PrefixHashCache, block_hashes_for
+from kvcost.routing.compatibility import serves
+from kvcost.routing.directory import CacheDirectory
+from kvcost.routing.router import Router, RouterSettings
+from kvcost.serving.errors import ConflictError, FieldError
+from kvcost.serving.schemas import (
+    CandidateScore,
+    NamespaceIn,
+    RouteResponse,
+    ScoreRequestIn,
+    ScoreResponse,
+    SnapshotAck,
+    SnapshotIn,
+    TermsOut,
+)
+from kvcost.serving.settings import ServiceSettings
+
+
+@dataclass(slots=True)
+class DecisionRecord:
+    """What ``/v1/observe`` needs of a decision (the full rows are in ``candidates``).
+
+    Attributes:
+        run_id: log run the decision belongs to.
+        worker_id: chosen worker.
+        input_tokens: prompt length.
+        predicted_reuse_tokens: reusable prefix the directory promised on the chosen worker.
+        predicted_s: the chosen worker's predicted terms (TERMS order) then TTFT, seconds.
+        arrival_s: arrival, epoch seconds (None for a decision reloaded from the log).
+        observed: an observation is committed.
+        pending: the commit of an observation in flight.
+    """
+
+    run_id: str
+    worker_id: int
+    input_tokens: int
+    predicted_reuse_tokens: int
+    predicted_s: tuple[float, ...]
+    arrival_s: float | None
+    observed: bool = False
+    pending: asyncio.Future | None = None
+
+    def settle(self, future: asyncio.Future) -> None:
+        """Done-callback of the observation commit: clear :attr:`pending`; :attr:`observed` if it committed."""
+        self.pending = None
+        if not future.cancelled() and future.exception() is None:
+            self.observed = True
+
+
+class DecisionStore:
+    """The newest ``max_decisions`` decisions by request id (an LRU: the oldest is forgotten first)."""
+
+    def __init__(self, max_decisions: int) -> None:
+        self.max_decisions = max_decisions
+        self._records: OrderedDict[int, DecisionRecord] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def get(self, request_id: int) -> DecisionRecord | None:
+        """The decision of ``request_id``, or None if never made or forgotten."""
+        return self._records.get(request_id)
+
+    def remember(self, request_id: int, record: DecisionRecord) -> None:
+        """Store ``record`` as the newest decision, forgetting the oldest beyond ``max_decisions``."""
+        self._records.pop(request_id, None)
+        self._records[request_id] = record
+        while len(self._records) > self.max_decisions:
+            self._records.popitem(last=False)
+
+    def reload(self, records: Iterable[tuple[int, DecisionRecord]]) -> None:
+        """Remember ``(request_id, record)`` pairs given oldest first (a later one wins a reused id)."""
+        for request_id, record in records:
+            self.remember(request_id, record)
+
+
+def _finite_or_none(value: float) -> float | None:
+    value = float(value)
+    return value if np.isfinite(value) else None
+
+
+class Routing:
+    """Routing and scoring of request bodies against the directory and the workers' snapshots.
+
+    Args:
+        settings: service settings (policy, tiers, block size, hashing, limits).
+        directory: the service's cache directory (shared with the KV-event ingestor).
+        lock: guards ``directory``; held while routing and scoring.
+        step_models: step-time model per GPU type.
+        clock: wall clock, epoch seconds.
+    """
+
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        directory: CacheDirectory,
+        lock: threading.Lock,
+        step_models: Mapping[str, StepTimeModel],
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.lock = lock
+        self.clock = clock
+        self.step_models = dict(step_models)
+        # analytic until the champion loads; the service reports any fallback itself (log, metric, /readyz)
+        analytic = TermModelSet.analytic()
+        routing = RouterSettings(policy=settings.policy, tiers=settings.tiers)
+        self.router = Router(directory, self.step_models, routing, analytic)
+        # Scores come from a second router over the same directory and cost model with the
+        # stateless cost_aware policy: /v1/score never touches the routing router's skew
+        # window or policy state, and shares every line of its scoring code.
+        scoring = RouterSettings(policy="cost_aware", tiers=settings.tiers)
+        self.scorer = Router(directory, self.step_models, scoring, analytic)
+        self._hash_cache = PrefixHashCache(settings.hash_cache_blocks) if settings.hash_cache_blocks else None
+        #: The last snapshot pushed per worker and when it arrived (epoch seconds).
+        self.snapshots: dict[int, tuple[WorkerSnapshot, float]] = {}
+        self.decisions = DecisionStore(settings.max_decisions)
+
+    def set_cost_model(self, model_set: TermModelSet | None) -> None:
+        """Install ``model_set`` in both routers (under the lock)."""
+        with self.lock:
+            for router in (self.router, self.scorer):
+                router.set_cost_model(model_set)
+
+    # ------------------------------------------------------------------- scoring
+
+    def score(self, body: ScoreRequestIn, model_label: str) -> ScoreResponse:
+        """Score every candidate with the stateless scorer (the routing router is not touched).
+
+        Raises:
+            FieldError: a candidate without any snapshot, an unknown GPU type, more block hashes than tokens.
+        """
+        now_s = self.clock()
+        request, snapshots, sources, ages = self.resolve(body, now_s)
+        with self.lock:
+            decision = self.scorer.route(request, snapshots, now_s)
+        return ScoreResponse(**score_fields(decision, sources, ages, model_label))
+
+    def route(self, body: ScoreRequestIn, run_id: str, model_label: str) -> tuple[RouteResponse, RouteDecision]:
+        """Route the request and remember the decision; returns the response and the decision (to log).
+
+        Raises:
+            ConflictError: the request id was already routed (and is still remembered).
+            FieldError: as :meth:`score`.
+        """
+        request_id = body.request.request_id
+        known = self.decisions.get(request_id)
+        if known is not None:
+            raise ConflictError(
+                f"request_id {request_id} was already routed (to worker {known.worker_id}, run {known.run_id}); "
+                "request ids must be unique"
+            )
+        now_s = self.clock()
+        request, snapshots, sources, ages = self.resolve(body, now_s)
+        with self.lock:
+            decision = self.router.route(request, snapshots, now_s)
+        index = decision.chosen_index
+        pred = decision.predictions.as_matrix()
+        record = DecisionRecord(
+            run_id,
+            decision.worker_id,
+            request.input_tokens,
+            int(decision.reusable_tokens[index]),
+            tuple(float(x) for x in pred[index]),
+            request.arrival_s,
+        )
+        self.decisions.remember(request_id, record)
+        response = RouteResponse(
+            **score_fields(decision, sources, ages, model_label),
+            worker_id=decision.worker_id,
+            chosen_index=index,
+            policy=self.settings.policy,
+            reason=decision.reason,
+            run_id=run_id,
+        )
+        return response, decision
+
+    # ----------------------------------------------------------------- resolving
+
+    def resolve(self, body: ScoreRequestIn, now_s: float) -> tuple[RouteRequest, list[WorkerSnapshot], list, list]:
+        """The request, the snapshots of the candidates serving its namespace, their sources and ages (s).
+
+        Raises:
+            FieldError: as :meth:`score`, or no candidate serves the request's namespace.
+        """
+        req = body.request
+        block_size = req.namespace.block_size_tokens or self.settings.block_size_tokens
+        ns = Namespace(
+            model=req.namespace.model,
+            revision=req.namespace.revision,
+            adapter=req.namespace.adapter,
+            block_size_tokens=block_size,
+            kv_layout=req.namespace.kv_layout,
+            # not cache_salt: vLLM hashes the salt into the first block, and its KV events do not
+            # carry it, so salted blocks are stored (and found) in the unsalted namespace
+        )
+        if req.token_ids is not None:
+            salted = replace(ns, cache_salt=req.namespace.cache_salt)
+            hashes = block_hashes_for(
+                req.token_ids,
+                block_size,
+                salted,
+                self.settings.hash_algorithm,
+                self.settings.hash_seed,
+                self._hash_cache,
+            )
+            input_tokens = len(req.token_ids)
+        else:
+            hashes = tuple(req.block_hashes or ())
+            input_tokens = int(req.input_tokens or 0)
+            if len(hashes) > input_tokens // block_size:
+                raise FieldError(
+                    ("request", "block_hashes"),
+                    f"{len(hashes)} full blocks of {block_size} tokens exceed input_tokens = {input_tokens}",
+                )
+        snapshots, sources, ages = self._candidate_snapshots(body, now_s)
+        serving = [i for i, snapshot in enumerate(snapshots) if serves(snapshot.namespace, ns)]
+        if not serving:
+            raise FieldError(
+                ("candidates",),
+                f"no candidate serves namespace model={ns.model!r} revision={ns.revision!r} "
+                f"adapter={ns.adapter!r} block_size_tokens={ns.block_size_tokens}",
+            )
+        if len(serving) < len(snapshots):
+            snapshots, sources, ages = ([x[i] for i in serving] for x in (snapshots, sources, ages))
+        arrival_s = req.arrival_s if req.arrival_s is not None else now_s
+        return RouteRequest(req.request_id, arrival_s, input_tokens, hashes, ns), snapshots, sources, ages
+
+    def _candidate_snapshots(self, body: ScoreRequestIn, now_s: float) -> tuple[list, list, list]:
+        snapshots, sources, ages = [], [], []
+        for i, candidate in enumerate(body.candidates):
+            if candidate.snapshot is not None:
+                snapshot = self.snapshot(candidate.worker_id, candidate.snapshot, ("candidates", i, "snapshot"))
+                sources.append("inline")
+                ages.append(0.0)
+            else:
+                stored = self.snapshots.get(candidate.worker_id)
+                if stored is None:
+                    raise FieldError(
+                        ("candidates", i, "snapshot"),
+                        f"worker {candidate.worker_id} has no snapshot: send one inline or "
+                        f"POST /v1/workers/{candidate.worker_id}/snapshot first",
+                    )
+                snapshot, received_s = stored
+                sources.append("pushed")
+                ages.append(max(0.0, now_s - received_s))
+            snapshots.append(snapshot)
+        return snapshots, sources, ages
+
+    def snapshot(self, worker_id: int, body: SnapshotIn, loc: tuple[str | int, ...]) -> WorkerSnapshot:
+        """``body`` as the :class:`WorkerSnapshot` of ``worker_id``; ``loc`` prefixes error locations.
+
+        Raises:
+            FieldError: unknown GPU type (at ``loc + ("gpu",)``).
+        """
+        gpu = body.gpu or self.settings.gpu_default
+        if gpu not in self.step_models:
+            raise FieldError((*loc, "gpu"), f"gpu = {gpu!r}, expected one of {', '.join(sorted(self.step_models))}")
+        return WorkerSnapshot(
+            worker_id=worker_id,
+            gpu=gpu,
+            waiting_prefill=tuple((int(r), int(c)) for r, c in body.waiting_prefill),
+            running_requests=body.running_requests,
+            decode_context_tokens=body.decode_context_tokens,
+            kv_usage=body.kv_usage,
+            idle_cached_blocks=body.idle_cached_blocks,
+            recent_step_s=body.recent_step_s,
+            step_remaining_s=body.step_remaining_s,
+            kv_capacity_blocks=body.kv_capacity_blocks,
+            waiting_prompt_blocks=body.waiting_prompt_blocks,
+            oldest_waiting_s=body.oldest_waiting_s,
+            recent_step_nominal_s=body.recent_step_nominal_s,
+            namespace=self._worker_namespace(body.namespace),
+        )
+
+    def _worker_namespace(self, body: NamespaceIn | None) -> Namespace | None:
+        if body is None:
+            return None
+        block_size = body.block_size_tokens or self.settings.block_size_tokens
+        return Namespace(body.model, body.revision, body.adapter, block_size, body.kv_layout)
+
+    def push_snapshot(self, worker_id: int, body: SnapshotIn) -> SnapshotAck:
+        """Store a worker's snapshot (replacing its previous one).
+
+        Raises:
+            FieldError: unknown GPU type. ConflictError: ``max_workers`` other workers already tracked.
+        """
+        snapshot = self.snapshot(worker_id, body, ())
+        if worker_id not in self.snapshots and len(self.snapshots) >= self.settings.max_workers:
+            raise ConflictError(f"{len(self.snapshots)} workers already tracked (max_workers); worker {worker_id}")
+        now_s = self.clock()
+        self.snapshots[worker_id] = (snapshot, now_s)
+        return SnapshotAck(worker_id=worker_id, received_at_s=now_s)
+
+
+def score_fields(decision: RouteDecision, sources: list, ages: list, model_label: str) -> dict:
+    """The fields a score and a route response share: per-candidate terms, TTFT, P50/P90, reuse, snapshot age."""
+    p = decision.predictions
+    ttft = p.ttft_s
+    calibrated = decision.calibrated
+    p50 = calibrated.p50_s if calibrated is not None else ttft
+    p90 = calibrated.p90_s if calibrated is not None else np.full_like(ttft, np.nan)
+    candidates = [
+        CandidateScore(
+            worker_id=worker_id,
+            terms=TermsOut(
+                queue_s=float(p.queue_s[i]),
+                lookup_s=float(p.lookup_s[i]),
+                transfer_s=float(p.transfer_s[i]),
+                prefill_s=float(p.prefill_s[i]),
+                first_token_s=float(p.first_token_s[i]),
+            ),
+            ttft_s=float(ttft[i]),
+            p50_s=float(p50[i]),
+            p90_s=_finite_or_none(p90[i]),
+            score_s=float(p50[i]),
+            reusable_tokens=int(decision.reusable_tokens[i]),
+            reusable_blocks=decision.matches[i].reusable_blocks,
+            tier=decision.matches[i].tier,
+            directory_age_s=_finite_or_none(decision.matches[i].age_s),
+            directory_stale=decision.matches[i].stale,
+            snapshot=sources[i],
+            snapshot_age_s=ages[i],
+        )
+        for i, worker_id in enumerate(decision.worker_ids)
+    ]
+    return {
+        "request_id": decision.request_id,
+        "model": model_label,
+        "learned": calibrated is not None,
+        "request_blocks": int(decision.features[0, FEATURE_INDEX["request_blocks"]]),
+        "candidates": candidates,
+    }
