@@ -37,6 +37,10 @@ from kvcost.routing.policies import PolicyContext, make_policy
 _log = logging.getLogger(__name__)
 
 
+class NoCompatibleCandidate(ValueError):  # noqa: N818  (a ValueError, as the router raised before)
+    """No candidate serves the request's namespace (the message names it and the candidates' namespaces)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RouterSettings:
     """Router configuration.
@@ -76,6 +80,23 @@ def load_tokens(snapshots: Sequence[WorkerSnapshot], expected_decode_tokens: int
         [s.queued_prefill_tokens + s.running_requests * expected_decode_tokens for s in snapshots],
         dtype=np.float64,
     )
+
+
+def compatible_candidates(namespace: Namespace, snapshots: Sequence[WorkerSnapshot]) -> Sequence[WorkerSnapshot]:
+    """The candidates that can serve ``namespace`` (``snapshots`` itself when all can; see
+    :func:`~kvcost.routing.compatibility.serves`); the router's one compatibility filter.
+
+    Raises:
+        NoCompatibleCandidate: none serves the namespace's model, revision, adapter and block size.
+    """
+    compatible = [s for s in snapshots if serves(s.namespace, namespace)]
+    if not compatible:
+        raise NoCompatibleCandidate(
+            f"no candidate serves namespace model={namespace.model!r} revision={namespace.revision!r} "
+            f"adapter={namespace.adapter!r} block_size_tokens={namespace.block_size_tokens}: candidates' "
+            f"namespaces are {sorted({str(s.namespace) for s in snapshots})}"
+        )
+    return compatible if len(compatible) < len(snapshots) else snapshots
 
 
 def _fetch_reason(plan: ReusePlan, ctx: PolicyContext, local_s: float, index: int) -> str:
@@ -140,13 +161,15 @@ class Router:
 
         Raises:
             ValueError: no candidates.
+            NoCompatibleCandidate: no candidate serves the request's namespace (a ``ValueError``).
         """
         if not snapshots:
             raise ValueError("snapshots is empty, expected at least one candidate worker")
-        snapshots = self._compatible(request, snapshots)
+        snapshots = compatible_candidates(request.namespace, snapshots)
         worker_ids = tuple(s.worker_id for s in snapshots)
-        matches = self._match(request, snapshots, now_s)
-        options = self._plans(request, snapshots) if self.settings.tiers else None
+        namespaces = [self._namespace_of(request, s) for s in snapshots]
+        matches = self._match(request, snapshots, namespaces, now_s)
+        options = self._plans(request, snapshots, namespaces) if self.settings.tiers else None
         reusable, features, predictions, calibrated, plans, local_score = self._score(
             request, snapshots, matches, options
         )
@@ -185,40 +208,31 @@ class Router:
     # -- candidates, directory and options --------------------------------------------------------
 
     @staticmethod
-    def _compatible(request: RouteRequest, snapshots: Sequence[WorkerSnapshot]) -> Sequence[WorkerSnapshot]:
-        """Candidates that can serve the request's namespace (all of them when none says otherwise).
-
-        Raises:
-            ValueError: no candidate serves the request's model, revision, adapter and block size.
-        """
-        compatible = [s for s in snapshots if serves(s.namespace, request.namespace)]
-        if not compatible:
-            raise ValueError(
-                f"no candidate serves namespace {request.namespace}: candidates' namespaces are "
-                f"{sorted({str(s.namespace) for s in snapshots})}"
-            )
-        return compatible if len(compatible) < len(snapshots) else snapshots
-
-    @staticmethod
     def _namespace_of(request: RouteRequest, snapshot: WorkerSnapshot) -> Namespace:
         """The directory namespace of the worker's KV: the request's, in the worker's KV layout."""
         if snapshot.namespace is None or snapshot.namespace.kv_layout == request.namespace.kv_layout:
             return request.namespace
         return replace(request.namespace, kv_layout=snapshot.namespace.kv_layout)
 
-    def _match(self, request: RouteRequest, snapshots, now_s: float) -> list[DirectoryMatch]:
-        """Directory match per candidate, each in its own KV layout's namespace."""
+    def _match(
+        self, request: RouteRequest, snapshots, namespaces: list[Namespace], now_s: float
+    ) -> list[DirectoryMatch]:
+        """Directory match per candidate, each in its own KV layout's namespace (``namespaces``, per candidate)."""
         by_namespace: dict[Namespace, list[int]] = {}
-        for snapshot in snapshots:
-            by_namespace.setdefault(self._namespace_of(request, snapshot), []).append(snapshot.worker_id)
+        for snapshot, namespace in zip(snapshots, namespaces, strict=True):
+            by_namespace.setdefault(namespace, []).append(snapshot.worker_id)
         found: dict[int, DirectoryMatch] = {}
         for namespace, ids in by_namespace.items():
             for match in self.directory.match(namespace, request.block_hashes, ids, now_s):
                 found[match.worker_id] = match
         return [found[s.worker_id] for s in snapshots]
 
-    def _plans(self, request: RouteRequest, snapshots) -> tuple[list[ReusePlan], list[int]]:
+    def _plans(
+        self, request: RouteRequest, snapshots, namespaces: list[Namespace]
+    ) -> tuple[list[ReusePlan], list[int]]:
         """Every option per candidate: its own tiers (``local``), and a ``fetch`` of a longer prefix.
+
+        ``namespaces``: each candidate's directory namespace (:meth:`_namespace_of`).
 
         Returns:
             ``(plans, owners)``: ``local`` plans first (one per candidate, in order), then
@@ -229,21 +243,21 @@ class Router:
             then the remote store, then the lowest worker id.
         """
         depths: dict[tuple[str, int], tuple[int, int, int]] = {}  # (layout, holder) -> (gpu, cpu, any)
-        for namespace in {self._namespace_of(request, s) for s in snapshots}:
-            holders = [s.worker_id for s in snapshots if self._namespace_of(request, s) == namespace]
+        for namespace in set(namespaces):
+            holders = [s.worker_id for s, ns in zip(snapshots, namespaces, strict=True) if ns == namespace]
             if self.settings.transfers:
                 holders.append(REMOTE_STORE_ID)
             for holder, depth in self.directory.match_tiers(namespace, request.block_hashes, holders).items():
                 depths[(namespace.kv_layout, holder)] = depth
         plans = []
-        for s in snapshots:
-            gpu, cpu, any_tier = depths[(self._namespace_of(request, s).kv_layout, s.worker_id)]
+        for s, namespace in zip(snapshots, namespaces, strict=True):
+            gpu, cpu, any_tier = depths[(namespace.kv_layout, s.worker_id)]
             plans.append(ReusePlan("local", gpu, cpu - gpu, any_tier - cpu))
         owners = list(range(len(snapshots)))
         if not self.settings.transfers:
             return plans, owners
         for i, (s, local) in enumerate(zip(snapshots, list(plans), strict=True)):
-            fetch = self._best_source(self._namespace_of(request, s).kv_layout, s.worker_id, depths)
+            fetch = self._best_source(namespaces[i].kv_layout, s.worker_id, depths)
             if fetch is not None and fetch[0] > local.reusable_blocks:
                 depth, factor, source = fetch
                 extra = depth - local.reusable_blocks
