@@ -8,6 +8,7 @@ decision).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -41,10 +42,7 @@ def build_features(
         KeyError: a snapshot's GPU type has no step model.
     """
     columns = feature_columns(request, snapshots, matches, reusable_tokens, step_models, costs, plans)
-    matrix = np.empty((len(snapshots), len(FEATURE_NAMES)), dtype=np.float64)
-    for j, name in enumerate(FEATURE_NAMES):
-        matrix[:, j] = columns[name]
-    return matrix
+    return np.stack([columns[name] for name in FEATURE_NAMES], axis=1).astype(np.float64, copy=False)
 
 
 def feature_columns(
@@ -90,23 +88,10 @@ def feature_columns(
     ratio = np.divide(snap["recent_step_s"], nominal, out=np.ones(n), where=nominal > 0)
     block_bytes = np.array([m.model.kv_bytes_per_token * block_size for m in models], dtype=np.int64)
     load_bytes, disk_bytes, transfer_bytes, conversion = _plan_columns(plans, n, block_bytes)
-    queue_s, prefill_s, kv_wait, lookup_s, transfer_s = (np.empty(n) for _ in range(5))
-    for i, s in enumerate(snapshots):
-        queue_s[i], prefill_s[i] = queue_and_prefill_s(
-            models[i],
-            s.waiting_prefill,
-            s.running_requests,
-            s.decode_context_tokens,
-            s.step_remaining_s,
-            int(uncached[i]),
-            int(reuse[i]),
-        )
-        kv_wait[i] = kv_wait_s(
-            deficit[i], s.decode_context_tokens, block_size, s.recent_step_s, costs.expected_decode_tokens
-        )
-        lookup_s[i] = costs.lookup_s(blocks) + costs.load_s(int(load_bytes[i]), int(disk_bytes[i]), s.load_backlog_s)
-        transfer_s[i] = costs.transfer_s(int(transfer_bytes[i]), s.transfer_backlog_s)
-        transfer_s[i] += conversion[i] * costs.network.duration_s(int(transfer_bytes[i]))
+    per_candidate = (uncached, reuse, deficit, load_bytes, disk_bytes, transfer_bytes, conversion)
+    queue_s, prefill_s, kv_wait, lookup_s, transfer_s = _nominal_columns(
+        request, snapshots, models, costs, per_candidate
+    )
     return {
         "input_tokens": np.full(n, request.input_tokens, dtype=np.int64),
         "request_blocks": np.full(n, blocks, dtype=np.int64),
@@ -140,6 +125,29 @@ def feature_columns(
     }
 
 
+def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candidate) -> np.ndarray:
+    """The profile-based times per candidate, float64 ``(5, n)``: queue, prefill, KV wait, lookup, transfer.
+
+    The nominal formulas (:mod:`kvcost.features.nominal`) take one candidate at a time; the
+    candidate arrays are read as Python numbers first (numpy scalars are slow in a loop).
+    """
+    blocks = len(request.block_hashes)
+    block_size = request.namespace.block_size_tokens
+    rows = []
+    for s, model, uncached, reuse, deficit, load, disk, fetched, conversion in zip(
+        snapshots, models, *(column.tolist() for column in per_candidate), strict=True
+    ):
+        queue_s, prefill_s = queue_and_prefill_s(
+            model, s.waiting_prefill, s.running_requests, s.decode_context_tokens, s.step_remaining_s, uncached, reuse
+        )
+        kv_wait = kv_wait_s(deficit, s.decode_context_tokens, block_size, s.recent_step_s, costs.expected_decode_tokens)
+        lookup_s = costs.lookup_s(blocks) + costs.load_s(load, disk, s.load_backlog_s)
+        transfer_s = costs.transfer_s(fetched, s.transfer_backlog_s)
+        transfer_s += conversion * costs.network.duration_s(fetched)
+        rows.append((queue_s, prefill_s, kv_wait, lookup_s, transfer_s))
+    return np.array(rows, dtype=np.float64).reshape(len(rows), 5).T
+
+
 #: Snapshot attributes read as float64 columns (every count is exact in float64).
 _SNAPSHOT_COLUMNS: tuple[str, ...] = (
     "waiting_requests",
@@ -159,9 +167,13 @@ _SNAPSHOT_COLUMNS: tuple[str, ...] = (
 )
 
 
+_SNAPSHOT_GETTER = operator.attrgetter(*_SNAPSHOT_COLUMNS)
+
+
 def _snapshot_columns(snapshots: Sequence[WorkerSnapshot]) -> dict[str, np.ndarray]:
     """The snapshot attributes of :data:`_SNAPSHOT_COLUMNS`, one float64 ``(n,)`` array each."""
-    return {name: np.array([getattr(s, name) for s in snapshots], dtype=np.float64) for name in _SNAPSHOT_COLUMNS}
+    table = np.array([_SNAPSHOT_GETTER(s) for s in snapshots], dtype=np.float64).reshape(-1, len(_SNAPSHOT_COLUMNS))
+    return {name: table[:, j] for j, name in enumerate(_SNAPSHOT_COLUMNS)}
 
 
 def _plan_columns(
