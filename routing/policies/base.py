@@ -5,9 +5,9 @@ matches and predicted terms, their loads, which of them the hot-spot skew
 limit allows — and returns the index of the chosen candidate and a one-line
 reason. Every policy subclasses :class:`RouterPolicy`: its class flags say
 what the callers must know about it (``replay_only``, ``learned``), and its
-hooks (no-ops by default) let it keep state (``on_routed``: a round-robin
-counter, an approximate prefix tree of routed requests) or take the replay's
-truth (``attach_truth``: the oracle). :func:`make_policy` builds one by name.
+hooks (no-ops by default) let it keep state (``on_routed``: e.g. an
+approximate prefix tree of routed requests) or take the replay's truth
+(``attach_truth``: the oracle). :func:`make_policy` builds one by name.
 """
 
 from __future__ import annotations
