@@ -41,8 +41,20 @@ def build_features(
     Raises:
         KeyError: a snapshot's GPU type has no step model.
     """
-    columns = feature_columns(request, snapshots, matches, reusable_tokens, step_models, costs, plans)
-    return np.stack([columns[name] for name in FEATURE_NAMES], axis=1).astype(np.float64, copy=False)
+    return stack_features(feature_columns(request, snapshots, matches, reusable_tokens, step_models, costs, plans))
+
+
+def stack_features(columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The float64 ``(n, len(FEATURE_NAMES))`` matrix of :func:`feature_columns`, columns in ``FEATURE_NAMES`` order.
+
+    Raises:
+        KeyError: a feature of the spec is missing from ``columns``.
+    """
+    n = len(columns[FEATURE_NAMES[0]])
+    matrix = np.empty((n, len(FEATURE_NAMES)), dtype=np.float64)
+    for j, name in enumerate(FEATURE_NAMES):
+        matrix[:, j] = columns[name]
+    return matrix
 
 
 def feature_columns(
@@ -77,7 +89,7 @@ def feature_columns(
     models = [step_models[s.gpu] for s in snapshots]
     blocks = len(request.block_hashes)
     block_size = request.namespace.block_size_tokens
-    reuse = np.fromiter(reusable_tokens, dtype=np.int64, count=n)
+    reuse = np.asarray(reusable_tokens, dtype=np.int64).reshape(n)
     uncached = request.input_tokens - reuse
     snap = _snapshot_columns(snapshots)
     age_s = np.array([m.age_s for m in matches], dtype=np.float64)

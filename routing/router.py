@@ -27,7 +27,7 @@ from kvcost.core.types import (
     WorkerSnapshot,
     reusable_tokens_for,
 )
-from kvcost.features.build import build_features
+from kvcost.features.build import feature_columns, stack_features
 from kvcost.features.nominal import NominalCosts
 from kvcost.models.term_set import TermModelSet
 from kvcost.routing.compatibility import conversion_factor, serves
@@ -76,10 +76,14 @@ class RouterSettings:
 
 def load_tokens(snapshots: Sequence[WorkerSnapshot], expected_decode_tokens: int) -> np.ndarray:
     """Outstanding work per worker in tokens: queued prefill + running × expected decode tokens. ``(n,)`` float64."""
-    return np.array(
-        [s.queued_prefill_tokens + s.running_requests * expected_decode_tokens for s in snapshots],
-        dtype=np.float64,
-    )
+    queued = np.array([s.queued_prefill_tokens for s in snapshots], dtype=np.float64)
+    running = np.array([s.running_requests for s in snapshots], dtype=np.float64)
+    return outstanding_tokens(queued, running, expected_decode_tokens)
+
+
+def outstanding_tokens(queued_prefill_tokens: np.ndarray, running_requests: np.ndarray, expected_decode_tokens: int):
+    """:func:`load_tokens` from the columns: ``queued + running × expected_decode_tokens``, float64 ``(n,)``."""
+    return queued_prefill_tokens + running_requests * expected_decode_tokens
 
 
 def compatible_candidates(namespace: Namespace, snapshots: Sequence[WorkerSnapshot]) -> Sequence[WorkerSnapshot]:
@@ -170,7 +174,7 @@ class Router:
         namespaces = [self._namespace_of(request, s) for s in snapshots]
         matches = self._match(request, snapshots, namespaces, now_s)
         options = self._plans(request, snapshots, namespaces) if self.settings.tiers else None
-        reusable, features, predictions, calibrated, plans, local_score = self._score(
+        reusable, features, predictions, calibrated, plans, local_score, load = self._score(
             request, snapshots, matches, options
         )
         ctx = PolicyContext(
@@ -178,7 +182,7 @@ class Router:
             snapshots=tuple(snapshots),
             reusable_tokens=reusable,
             predictions=predictions,
-            load_tokens=load_tokens(snapshots, self.settings.costs.expected_decode_tokens),
+            load_tokens=load,
             allowed=self._skew_allowed(worker_ids),
             now_s=now_s,
             matches=tuple(matches),
@@ -289,10 +293,11 @@ class Router:
         composed TTFT, as the cost-aware policies use it.
 
         Returns:
-            ``(reusable_tokens, features, predictions, calibrated, plans, local_score)`` per
-            candidate; ``plans`` is ``()`` and ``local_score`` None when the router plans
+            ``(reusable_tokens, features, predictions, calibrated, plans, local_score, load_tokens)``
+            per candidate; ``plans`` is ``()`` and ``local_score`` None when the router plans
             GPU-resident prefixes only, else ``local_score`` is each candidate's score
-            with its own tiers (the alternative a fetch beat), seconds.
+            with its own tiers (the alternative a fetch beat), seconds. ``load_tokens`` is
+            :func:`load_tokens` from the feature columns (the queues are summed once).
         """
         n = len(snapshots)
         block_size = request.namespace.block_size_tokens
@@ -306,13 +311,17 @@ class Router:
             row_snapshots = [snapshots[i] for i in owner]
             row_matches = [matches[i] for i in owner]
         reusable = np.array([reusable_tokens_for(b, block_size, request.input_tokens) for b in blocks], dtype=np.int64)
-        features = build_features(
+        columns = feature_columns(
             request, row_snapshots, row_matches, reusable, self.step_models, self.settings.costs, plans
         )
+        features = stack_features(columns)
+        # rows 0..n-1 are the candidates in order (their own-tier options): their snapshot columns
+        expected = self.settings.costs.expected_decode_tokens
+        load = outstanding_tokens(columns["queued_prefill_tokens"][:n], columns["running_requests"][:n], expected)
         predictions = self.cost_model.predict(features)
         calibrated = self.cost_model.calibrate(predictions) if self.cost_model.learned else None
         if plans is None:
-            return reusable, features, predictions, calibrated, (), None
+            return reusable, features, predictions, calibrated, (), None, load
         score = calibrated.p50_s if calibrated is not None else predictions.ttft_s
         best = list(range(n))
         for row in range(n, len(plans)):
@@ -325,7 +334,7 @@ class Router:
             chosen_calibrated = CalibratedTTFT(calibrated.p50_s[index], calibrated.p90_s[index])
         chosen_plans = tuple(plans[i] for i in best)
         chosen = (reusable[index], features[index], predictions.take(index), chosen_calibrated, chosen_plans)
-        return (*chosen, score[:n])
+        return (*chosen, score[:n], load)
 
     def _skew_allowed(self, worker_ids: tuple[int, ...]) -> np.ndarray:
         total = sum(self._window_tokens.values())
