@@ -8,7 +8,7 @@ forms agree. This module is the one place where terms are composed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,18 +38,22 @@ def compose_ttft_s(queue_s, lookup_s, transfer_s, prefill_s, first_token_s, *, t
 
 @dataclass(frozen=True, slots=True)
 class TermPredictions:
-    """Predicted terms for a set of candidates, each ``float64`` of shape ``(n_candidates,)``, in seconds."""
+    """Predicted terms for a set of candidates, each ``float64`` of shape ``(n_candidates,)``, in seconds.
+
+    ``ttft_s`` (not an argument) is their composition on the critical path (:func:`compose_ttft_s`),
+    computed once at construction: the terms must not be changed in place afterwards.
+    """
 
     queue_s: np.ndarray
     lookup_s: np.ndarray
     transfer_s: np.ndarray
     prefill_s: np.ndarray
     first_token_s: np.ndarray
+    ttft_s: np.ndarray = field(init=False, repr=False, compare=False)
 
-    @property
-    def ttft_s(self) -> np.ndarray:
-        """Composed TTFT on the critical path, shape ``(n_candidates,)``, seconds."""
-        return compose_ttft_s(self.queue_s, self.lookup_s, self.transfer_s, self.prefill_s, self.first_token_s)
+    def __post_init__(self) -> None:
+        ttft_s = compose_ttft_s(self.queue_s, self.lookup_s, self.transfer_s, self.prefill_s, self.first_token_s)
+        object.__setattr__(self, "ttft_s", ttft_s)
 
     def take(self, index: np.ndarray) -> TermPredictions:
         """The predictions of the rows ``index`` (int array), in that order."""

@@ -68,6 +68,10 @@ class Registry(Generic[T]):
         """Registered names, sorted."""
         return sorted(self._entries)
 
+    def items(self) -> list[tuple[str, T]]:
+        """``(name, implementation)`` pairs in registration order."""
+        return list(self._entries.items())
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 

@@ -140,6 +140,9 @@ class EvictionPolicy:
         leaves_only: True = only leaves of the idle forest are candidates.
         time_varying: True = values change with ``now_s`` alone, so the incremental index
             re-ranks every ``rerank_interval_s``; False = a value is fixed when the block turns idle.
+        pool_native: True = a simulated block pool runs the policy itself, exactly (``lru``:
+            vLLM's ordered free-block queue), so it needs no :class:`~kvcost.eviction.index.EvictionIndex`.
+        uses_reuse_model: True = the value needs ``context.reuse_model`` (P(reuse), ``cost_aware``).
 
     Hooks (default no-ops) let stateful policies learn: :meth:`on_hit` when an idle
     block is reused, :meth:`on_evict` when one is evicted.
@@ -148,6 +151,8 @@ class EvictionPolicy:
     name = "base"
     leaves_only = True
     time_varying = False
+    pool_native = False
+    uses_reuse_model = False
 
     def __init__(self, context: EvictionContext) -> None:
         self.context = context

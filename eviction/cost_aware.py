@@ -38,6 +38,7 @@ class CostAwarePolicy(EvictionPolicy):
 
     name = "cost_aware"
     time_varying = True
+    uses_reuse_model = True
 
     def terms(self, nodes: NodeTable, now_s: float) -> dict[str, np.ndarray]:
         model = self.context.reuse_model

@@ -28,7 +28,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from kvcost.eviction.base import EvictionPolicy, NodeTable, subtree_max
+from kvcost.eviction.base import EVICTION_POLICIES, EvictionPolicy, NodeTable, make_eviction_policy, subtree_max
 from kvcost.eviction.prefill import BlockCostTable
 
 
@@ -245,16 +245,22 @@ class EvictionIndex:
             self.parent[orphans] = -1
 
 
-def make_eviction_index(policy_name: str, context, costs: BlockCostTable, capacity_blocks: int) -> EvictionIndex | None:
-    """The index for ``policy_name`` (None for ``lru``, which the pool runs as vLLM's ordered free queue).
+def needs_index(policy_name: str) -> bool:
+    """False for a policy a block pool runs itself (``pool_native``: ``lru``, vLLM's ordered free queue).
 
     Raises:
         KeyError: unknown policy name.
     """
-    from kvcost.eviction.base import EVICTION_POLICIES, make_eviction_policy
+    return not EVICTION_POLICIES.get(policy_name).pool_native
 
-    EVICTION_POLICIES.get(policy_name)
-    if policy_name == "lru":
+
+def make_eviction_index(policy_name: str, context, costs: BlockCostTable, capacity_blocks: int) -> EvictionIndex | None:
+    """The index for ``policy_name`` (None for a ``pool_native`` policy, see :func:`needs_index`).
+
+    Raises:
+        KeyError: unknown policy name.
+    """
+    if not needs_index(policy_name):
         return None
     policy = make_eviction_policy(policy_name, context)
     return EvictionIndex(policy, costs, capacity_blocks, policy.context.rerank_interval_s)

@@ -20,6 +20,7 @@ class LRUPolicy(EvictionPolicy):
 
     name = "lru"
     leaves_only = False
+    pool_native = True
 
     def terms(self, nodes: NodeTable, now_s: float) -> dict[str, np.ndarray]:
         return base_terms(nodes, nodes.last_access_s.astype(np.float64))

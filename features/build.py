@@ -8,6 +8,7 @@ decision).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,41 @@ def build_features(
     costs: NominalCosts,
     plans: Sequence[ReusePlan] | None = None,
 ) -> np.ndarray:
-    """Feature matrix for one request over its candidates.
+    """Feature matrix for one request over its candidates: :func:`feature_columns` stacked.
+
+    Returns:
+        float64 array of shape ``(n_candidates, len(FEATURE_SPEC))``, columns in
+        ``FEATURE_NAMES`` order.
+
+    Raises:
+        KeyError: a snapshot's GPU type has no step model.
+    """
+    return stack_features(feature_columns(request, snapshots, matches, reusable_tokens, step_models, costs, plans))
+
+
+def stack_features(columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The float64 ``(n, len(FEATURE_NAMES))`` matrix of :func:`feature_columns`, columns in ``FEATURE_NAMES`` order.
+
+    Raises:
+        KeyError: a feature of the spec is missing from ``columns``.
+    """
+    n = len(columns[FEATURE_NAMES[0]])
+    matrix = np.empty((n, len(FEATURE_NAMES)), dtype=np.float64)
+    for j, name in enumerate(FEATURE_NAMES):
+        matrix[:, j] = columns[name]
+    return matrix
+
+
+def feature_columns(
+    request: RouteRequest,
+    snapshots: Sequence[WorkerSnapshot],
+    matches: Sequence[DirectoryMatch],
+    reusable_tokens: Sequence[int],
+    step_models: Mapping[str, StepTimeModel],
+    costs: NominalCosts,
+    plans: Sequence[ReusePlan] | None = None,
+) -> dict[str, np.ndarray]:
+    """Every feature of :data:`~kvcost.features.spec.FEATURE_SPEC` for one request over its candidates, by name.
 
     Args:
         request: the request being routed.
@@ -44,25 +79,134 @@ def build_features(
             a transfer); None = all of it is GPU-resident (no tiers, no transfers).
 
     Returns:
-        float64 array of shape ``(n_candidates, len(FEATURE_SPEC))``, columns in
-        ``FEATURE_NAMES`` order.
+        Feature name → array of shape ``(n_candidates,)`` in the spec's unit (int64 or float64;
+        :func:`build_features` stacks them as float64).
 
     Raises:
         KeyError: a snapshot's GPU type has no step model.
     """
-    plans = plans if plans is not None else [None] * len(snapshots)
-    rows = [
-        _row(request, snap, match, int(reuse), step_models[snap.gpu], costs, plan)
-        for snap, match, reuse, plan in zip(snapshots, matches, reusable_tokens, plans, strict=True)
-    ]
-    return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
+    n = len(snapshots)
+    models = [step_models[s.gpu] for s in snapshots]
+    blocks = len(request.block_hashes)
+    block_size = request.namespace.block_size_tokens
+    reuse = np.asarray(reusable_tokens, dtype=np.int64).reshape(n)
+    uncached = request.input_tokens - reuse
+    snap = _snapshot_columns(snapshots)
+    age_s = np.array([m.age_s for m in matches], dtype=np.float64)
+    capacity = snap["kv_capacity_blocks"]
+    available = capacity - np.rint(snap["kv_usage"] * capacity)
+    deficit = np.where(capacity != 0, np.maximum(0.0, snap["waiting_prompt_blocks"] + blocks - available), 0.0)
+    nominal = snap["recent_step_nominal_s"]
+    ratio = np.divide(snap["recent_step_s"], nominal, out=np.ones(n), where=nominal > 0)
+    block_bytes = np.array([m.model.kv_bytes_per_token * block_size for m in models], dtype=np.int64)
+    load_bytes, disk_bytes, transfer_bytes, conversion = _plan_columns(plans, n, block_bytes)
+    per_candidate = (uncached, reuse, deficit, load_bytes, disk_bytes, transfer_bytes, conversion)
+    queue_s, prefill_s, kv_wait, lookup_s, transfer_s = _nominal_columns(
+        request, snapshots, models, costs, per_candidate
+    )
+    return {
+        "input_tokens": np.full(n, request.input_tokens, dtype=np.int64),
+        "request_blocks": np.full(n, blocks, dtype=np.int64),
+        "reusable_tokens": reuse,
+        "uncached_tokens": uncached,
+        "reusable_tier": _tier_codes(matches, plans, reuse),
+        "directory_age_s": np.where(np.isfinite(age_s), age_s, -1.0),
+        "load_bytes": load_bytes,
+        "disk_load_bytes": disk_bytes,
+        "transfer_bytes": transfer_bytes,
+        "waiting_requests": snap["waiting_requests"],
+        "running_requests": snap["running_requests"],
+        "queued_prefill_tokens": snap["queued_prefill_tokens"],
+        "decode_context_tokens": snap["decode_context_tokens"],
+        "kv_usage": snap["kv_usage"],
+        "idle_cached_blocks": snap["idle_cached_blocks"],
+        "recent_step_s": snap["recent_step_s"],
+        "step_remaining_s": snap["step_remaining_s"],
+        "kv_available_blocks": available,
+        "kv_deficit_blocks": deficit,
+        "oldest_waiting_s": snap["oldest_waiting_s"],
+        "kv_wait_estimate_s": kv_wait,
+        "recent_step_ratio": ratio,
+        "load_backlog_s": snap["load_backlog_s"],
+        "transfer_backlog_s": snap["transfer_backlog_s"],
+        "nominal_queue_s": queue_s,
+        "nominal_lookup_s": lookup_s,
+        "nominal_transfer_s": transfer_s,
+        "nominal_prefill_s": prefill_s,
+        "nominal_first_token_s": np.full(n, costs.first_token_s, dtype=np.float64),
+    }
 
 
-def _plan_bytes(plan: ReusePlan | None, block_bytes: int) -> tuple[int, int, int]:
-    """``(load_bytes, disk_load_bytes, transfer_bytes)`` of a plan (zeros without one)."""
-    if plan is None:
-        return 0, 0, 0
-    return plan.loaded_blocks * block_bytes, plan.disk_blocks * block_bytes, plan.fetch_blocks * block_bytes
+def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candidate) -> np.ndarray:
+    """The profile-based times per candidate, float64 ``(5, n)``: queue, prefill, KV wait, lookup, transfer.
+
+    The nominal formulas (:mod:`kvcost.features.nominal`) take one candidate at a time; the
+    candidate arrays are read as Python numbers first (numpy scalars are slow in a loop).
+    """
+    blocks = len(request.block_hashes)
+    block_size = request.namespace.block_size_tokens
+    rows = []
+    for s, model, uncached, reuse, deficit, load, disk, fetched, conversion in zip(
+        snapshots, models, *(column.tolist() for column in per_candidate), strict=True
+    ):
+        queue_s, prefill_s = queue_and_prefill_s(
+            model, s.waiting_prefill, s.running_requests, s.decode_context_tokens, s.step_remaining_s, uncached, reuse
+        )
+        kv_wait = kv_wait_s(deficit, s.decode_context_tokens, block_size, s.recent_step_s, costs.expected_decode_tokens)
+        lookup_s = costs.lookup_s(blocks) + costs.load_s(load, disk, s.load_backlog_s)
+        transfer_s = costs.transfer_s(fetched, s.transfer_backlog_s)
+        transfer_s += conversion * costs.network.duration_s(fetched)
+        rows.append((queue_s, prefill_s, kv_wait, lookup_s, transfer_s))
+    return np.array(rows, dtype=np.float64).reshape(len(rows), 5).T
+
+
+#: Snapshot attributes read as float64 columns (every count is exact in float64).
+_SNAPSHOT_COLUMNS: tuple[str, ...] = (
+    "waiting_requests",
+    "running_requests",
+    "queued_prefill_tokens",
+    "decode_context_tokens",
+    "kv_usage",
+    "idle_cached_blocks",
+    "recent_step_s",
+    "step_remaining_s",
+    "kv_capacity_blocks",
+    "waiting_prompt_blocks",
+    "oldest_waiting_s",
+    "recent_step_nominal_s",
+    "load_backlog_s",
+    "transfer_backlog_s",
+)
+
+
+_SNAPSHOT_GETTER = operator.attrgetter(*_SNAPSHOT_COLUMNS)
+
+
+def _snapshot_columns(snapshots: Sequence[WorkerSnapshot]) -> dict[str, np.ndarray]:
+    """The snapshot attributes of :data:`_SNAPSHOT_COLUMNS`, one float64 ``(n,)`` array each."""
+    table = np.array([_SNAPSHOT_GETTER(s) for s in snapshots], dtype=np.float64).reshape(-1, len(_SNAPSHOT_COLUMNS))
+    return {name: table[:, j] for j, name in enumerate(_SNAPSHOT_COLUMNS)}
+
+
+def _plan_columns(
+    plans: Sequence[ReusePlan] | None, n: int, block_bytes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(load_bytes, disk_load_bytes, transfer_bytes, conversion_factor)`` per candidate (zeros without plans)."""
+    if plans is None:
+        zeros = np.zeros(n, dtype=np.int64)
+        return zeros, zeros, zeros, np.zeros(n)
+    loaded = np.array([p.loaded_blocks for p in plans], dtype=np.int64)
+    disk = np.array([p.disk_blocks for p in plans], dtype=np.int64)
+    fetched = np.array([p.fetch_blocks for p in plans], dtype=np.int64)
+    conversion = np.array([p.conversion_factor for p in plans], dtype=np.float64)
+    return loaded * block_bytes, disk * block_bytes, fetched * block_bytes, conversion
+
+
+def _tier_codes(matches, plans: Sequence[ReusePlan] | None, reuse: np.ndarray) -> np.ndarray:
+    """Per candidate, :func:`_tier_code` (``(n,)`` int64)."""
+    plans = plans if plans is not None else [None] * len(matches)
+    codes = [_tier_code(m, p, int(r)) for m, p, r in zip(matches, plans, reuse, strict=True)]
+    return np.array(codes, dtype=np.int64)
 
 
 def _tier_code(match, plan: ReusePlan | None, reuse: int) -> int:
@@ -75,62 +219,3 @@ def _tier_code(match, plan: ReusePlan | None, reuse: int) -> int:
         if blocks:
             return TIER_CODES[tier]
     return TIER_CODES["gpu"]
-
-
-def _row(request, snap, match, reuse: int, step_model: StepTimeModel, costs: NominalCosts, plan) -> list[float]:
-    uncached = request.input_tokens - reuse
-    blocks = len(request.block_hashes)
-    queue_s, prefill_s = queue_and_prefill_s(
-        step_model,
-        snap.waiting_prefill,
-        snap.running_requests,
-        snap.decode_context_tokens,
-        snap.step_remaining_s,
-        uncached,
-        reuse,
-    )
-    age_s = match.age_s if np.isfinite(match.age_s) else -1.0
-    available = snap.kv_capacity_blocks - round(snap.kv_usage * snap.kv_capacity_blocks)
-    deficit = max(0, snap.waiting_prompt_blocks + blocks - available) if snap.kv_capacity_blocks else 0
-    ratio = snap.recent_step_s / snap.recent_step_nominal_s if snap.recent_step_nominal_s > 0 else 1.0
-    block_size = request.namespace.block_size_tokens
-    kv_wait = kv_wait_s(
-        deficit, snap.decode_context_tokens, block_size, snap.recent_step_s, costs.expected_decode_tokens
-    )
-    block_bytes = step_model.model.kv_bytes_per_token * block_size
-    load_bytes, disk_bytes, transfer_bytes = _plan_bytes(plan, block_bytes)
-    conversion = plan.conversion_factor if plan is not None else 0.0
-    lookup_s = costs.lookup_s(blocks) + costs.load_s(load_bytes, disk_bytes, snap.load_backlog_s)
-    transfer_s = costs.transfer_s(transfer_bytes, snap.transfer_backlog_s)
-    transfer_s += conversion * costs.network.duration_s(transfer_bytes)
-    return [
-        request.input_tokens,
-        blocks,
-        reuse,
-        uncached,
-        _tier_code(match, plan, reuse),
-        age_s,
-        load_bytes,
-        disk_bytes,
-        transfer_bytes,
-        snap.waiting_requests,
-        snap.running_requests,
-        snap.queued_prefill_tokens,
-        snap.decode_context_tokens,
-        snap.kv_usage,
-        snap.idle_cached_blocks,
-        snap.recent_step_s,
-        snap.step_remaining_s,
-        available,
-        deficit,
-        snap.oldest_waiting_s,
-        kv_wait,
-        ratio,
-        snap.load_backlog_s,
-        snap.transfer_backlog_s,
-        queue_s,
-        lookup_s,
-        transfer_s,
-        prefill_s,
-        costs.first_token_s,
-    ]

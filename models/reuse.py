@@ -21,6 +21,10 @@ learned, so an LRU training log does not teach "evicted = never reused".
 
 Saved as ``model.txt`` (LightGBM text format) + ``manifest.json`` (the
 eviction-spec hash and H); :meth:`ReuseClassifier.load` refuses another hash.
+
+Every P(reuse) model is a :class:`ReuseModel` registered by name in
+:data:`REUSE_MODELS` (``prior``, ``lightgbm``, ``cure``; importing this module
+registers them all); :func:`load_reuse_model` recognises a saved one by its file.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvcost.core.registry import Registry
 from kvcost.features.eviction import eviction_feature_matrix, eviction_features
 from kvcost.features.spec import EVICTION_FEATURE_NAMES, EVICTION_FEATURE_SPEC, feature_spec_hash
 
@@ -93,7 +98,70 @@ def eviction_spec_hash() -> str:
     return feature_spec_hash(EVICTION_FEATURE_SPEC)
 
 
-class ReuseClassifier:
+class ReuseModel:
+    """Base of the P(reuse within ``horizon_s``) models of ``cost_aware`` eviction.
+
+    Class attributes:
+        name: registry name (:data:`REUSE_MODELS`).
+        saved_file: the file :meth:`save` writes into a model folder, by which
+            :func:`load_reuse_model` recognises the model; None = nothing is saved.
+
+    A fitted model has ``horizon_s`` (H, seconds) and :meth:`predict_proba`.
+    """
+
+    name = "base"
+    saved_file: str | None = None
+    horizon_s: float
+
+    @classmethod
+    def from_log(cls, events: pd.DataFrame, frame: pd.DataFrame, horizon_s: float, end_s: float) -> ReuseModel | None:
+        """Fit on a block access log that ends at ``end_s`` (seconds).
+
+        Args:
+            events: the log, :data:`~kvcost.replay.kv_cache.BLOCK_EVENT_COLUMNS` plus ``worker_id``.
+            frame: its :func:`reuse_training_frame` with horizon ``horizon_s``.
+            horizon_s: H, seconds.
+            end_s: end of the log, seconds (later demand is unknown).
+
+        Returns:
+            The fitted model, or None when the log cannot support one (e.g. no reuse in it):
+            ``cost_aware`` then uses the recency prior with H.
+        """
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, path: str | Path) -> ReuseModel:
+        """Read a model :meth:`save` wrote into folder ``path``."""
+        raise NotImplementedError
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model into folder ``path`` (created); returns it."""
+        raise NotImplementedError
+
+    def predict_proba(self, nodes, now_s: float) -> np.ndarray:
+        """P(reuse within H) of the idle blocks of a ``NodeTable`` at ``now_s``, float64 ``(n,)`` in [0, 1]."""
+        raise NotImplementedError
+
+
+#: P(reuse) models by name (``kvcost eviction-study --reuse-model``); a duplicate name is an error.
+REUSE_MODELS: Registry[type[ReuseModel]] = Registry("reuse model")
+
+
+@REUSE_MODELS.register("prior")
+class RecencyPrior(ReuseModel):
+    """No fitted model: ``cost_aware`` uses the recency prior exp(−idle / H)
+    (:func:`~kvcost.eviction.base.recency_prior`) with the H measured on the log."""
+
+    name = "prior"
+
+    @classmethod
+    def from_log(cls, events: pd.DataFrame, frame: pd.DataFrame, horizon_s: float, end_s: float) -> None:
+        """Nothing to fit: always None."""
+        return None
+
+
+@REUSE_MODELS.register("lightgbm")
+class ReuseClassifier(ReuseModel):
     """P(reuse within ``horizon_s``) of idle blocks.
 
     Args:
@@ -108,6 +176,9 @@ class ReuseClassifier:
 
     Construction is pure; :meth:`fit` or :meth:`load` makes it usable.
     """
+
+    name = "lightgbm"
+    saved_file = "manifest.json"
 
     def __init__(self, horizon_s: float, features: tuple[str, ...] | None = None, **params: Any) -> None:
         if not (horizon_s > 0 and math.isfinite(horizon_s)):
@@ -126,6 +197,16 @@ class ReuseClassifier:
         self._columns = [EVICTION_FEATURE_NAMES.index(f) for f in self.features]
         self.booster = None
         self.metadata: dict[str, Any] = {}
+
+    @classmethod
+    def from_log(
+        cls, events: pd.DataFrame, frame: pd.DataFrame, horizon_s: float, end_s: float
+    ) -> ReuseClassifier | None:
+        """The eviction study's classifier (:data:`STUDY_FEATURES`, :data:`STUDY_PARAMS`) fitted on
+        ``frame``; None when ``frame`` has a single label class."""
+        if frame["label"].nunique() != 2:
+            return None
+        return cls(horizon_s, STUDY_FEATURES, **STUDY_PARAMS).fit(frame)
 
     def fit(self, frame: pd.DataFrame) -> ReuseClassifier:
         """Train on a :func:`reuse_training_frame` (columns ``EVICTION_FEATURE_NAMES`` + ``label``).
@@ -210,25 +291,29 @@ class ReuseClassifier:
         return model
 
 
-def load_reuse_model(path: str | Path):
-    """The P(reuse) model saved in folder ``path``: a :class:`ReuseClassifier` (``manifest.json``) or a
-    :class:`~kvcost.models.reuse_cure.CureReuseModel` (``cure.json``), both with ``predict_proba`` and ``horizon_s``.
+def saved_reuse_model(path: str | Path) -> type[ReuseModel] | None:
+    """The registered model whose ``saved_file`` is in folder ``path`` (the first registered); None if none is."""
+    for _, model in REUSE_MODELS.items():
+        if model.saved_file is not None and (Path(path) / model.saved_file).exists():
+            return model
+    return None
+
+
+def load_reuse_model(path: str | Path) -> ReuseModel:
+    """The P(reuse) model saved in folder ``path``, recognised by its ``saved_file`` (:data:`REUSE_MODELS`).
 
     Raises:
-        FileNotFoundError: the folder holds neither file.
+        FileNotFoundError: the folder holds no registered model's file.
         EvictionSpecMismatch, ValueError: the saved model does not fit this kvcost (see each ``load``).
     """
-    from kvcost.models.reuse_cure import CURE_FILE, CureReuseModel
-
-    path = Path(path)
-    if (path / "manifest.json").exists():
-        return ReuseClassifier.load(path)
-    if (path / CURE_FILE).exists():
-        return CureReuseModel.load(path)
-    raise FileNotFoundError(
-        f"{path}: neither manifest.json nor {CURE_FILE}, expected a folder saved by a reuse model "
-        "(kvcost eviction-study writes one per cache size: OUT/reuse_models/fraction_*)"
-    )
+    model = saved_reuse_model(path)
+    if model is None:
+        files = [m.saved_file for _, m in REUSE_MODELS.items() if m.saved_file is not None]
+        raise FileNotFoundError(
+            f"{path}: neither {' nor '.join(files)}, expected a folder saved by a reuse model "
+            "(kvcost eviction-study writes one per cache size: OUT/reuse_models/fraction_*)"
+        )
+    return model.load(path)
 
 
 def _ordered(events: pd.DataFrame) -> pd.DataFrame:
@@ -356,3 +441,8 @@ def reuse_training_frame(
     frame["label"] = label[keep].astype(np.int64)
     frame["t_s"] = t[keep]
     return frame
+
+
+# The cure model registers itself in its own module; importing it here makes REUSE_MODELS complete
+# whichever of the two modules is imported first (it imports this one, which is defined by now).
+from kvcost.models import reuse_cure  # noqa: E402, F401

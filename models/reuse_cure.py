@@ -42,6 +42,8 @@ import pandas as pd
 from scipy.optimize import minimize
 from scipy.stats import norm
 
+from kvcost.models.reuse import REUSE_MODELS, ReuseModel, idle_periods
+
 #: Upper edges of the ``request_reused_share`` classes: [0, 0.2), [0.2, 0.5), [0.5, 0.8), [0.8, 1].
 REUSED_SHARE_EDGES: tuple[float, ...] = (0.2, 0.5, 0.8)
 #: Observed reuses a class needs for its own fit (else it takes the pooled parameters).
@@ -99,7 +101,8 @@ def _unpack(theta: np.ndarray) -> tuple[float, float, float]:
     return pi, float(theta[1]), float(math.exp(float(np.clip(theta[2], -10, 10))))
 
 
-class CureReuseModel:
+@REUSE_MODELS.register("cure")
+class CureReuseModel(ReuseModel):
     """P(reuse within ``horizon_s``) of idle blocks by reused-share class (see the module docstring).
 
     Args:
@@ -109,6 +112,9 @@ class CureReuseModel:
     Raises:
         ValueError: bad ``horizon_s``, wrong number of classes, or π outside [0, 1] / σ ≤ 0.
     """
+
+    name = "cure"
+    saved_file = CURE_FILE
 
     def __init__(self, horizon_s: float, params: list[tuple[float, float, float]]) -> None:
         if not (horizon_s > 0 and math.isfinite(horizon_s)):
@@ -120,6 +126,17 @@ class CureReuseModel:
                 raise ValueError(f"params[{c}] = (π {pi!r}, σ {sigma!r}), expected π in [0, 1] and σ > 0")
         self.horizon_s = float(horizon_s)
         self.params = [tuple(float(v) for v in p) for p in params]
+
+    @classmethod
+    def from_log(
+        cls, events: pd.DataFrame, frame: pd.DataFrame, horizon_s: float, end_s: float
+    ) -> CureReuseModel | None:
+        """Fitted on the log's :func:`~kvcost.models.reuse.idle_periods`; None when no idle block was
+        demanded again before ``end_s`` (nothing to fit). ``frame`` is not used."""
+        periods = idle_periods(events)
+        if not (periods["next_demand_s"] <= end_s).any():
+            return None
+        return cls.fit(periods, end_s, horizon_s)
 
     @classmethod
     def fit(cls, periods: pd.DataFrame, end_s: float, horizon_s: float) -> CureReuseModel:

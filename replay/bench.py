@@ -27,6 +27,7 @@ from kvcost.replay.config import ClusterConfig
 from kvcost.replay.experiment import replay
 from kvcost.replay.metrics import summarise
 from kvcost.replay.online import OnlineSettings
+from kvcost.routing.policies import ROUTER_POLICIES
 from kvcost.routing.router import RouterSettings
 
 #: The production routers kvcost is measured against (DESIGN.md §7), in report order.
@@ -91,7 +92,7 @@ def _trace(trace: str, rate_scale: float, duration_s: float | None, seed: int) -
 def run_cell(cell: BenchCell, trace: str, duration_s: float | None, seed: int, keep_samples: bool) -> dict:
     """Replay one cell; returns its summary figures (and worker samples when asked)."""
     config = ClusterConfig(fleet=("a100",) * cell.workers, seed=seed, router=RouterSettings(policy=cell.policy))
-    online = OnlineSettings(retrain_every_s=ONLINE_RETRAIN_S) if cell.policy == "learned_cost_aware" else None
+    online = OnlineSettings(retrain_every_s=ONLINE_RETRAIN_S) if ROUTER_POLICIES.get(cell.policy).learned else None
     result = replay(_trace(trace, cell.rate_scale, duration_s, seed), config, online=online)
     row = {"policy": cell.policy, "load": cell.load, "workers": cell.workers, "rate_scale": cell.rate_scale}
     row |= summarise(result, cell.workers)

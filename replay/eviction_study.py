@@ -57,15 +57,14 @@ from kvcost.data.store import LogStore
 from kvcost.data.traces import Trace, load_trace
 from kvcost.eviction import EVICTION_POLICIES, EvictionContext
 from kvcost.models.reuse import (
-    STUDY_FEATURES,
-    STUDY_PARAMS,
-    ReuseClassifier,
+    REUSE_MODELS,
+    ReuseModel,
     characteristic_time_s,
-    idle_periods,
     load_reuse_model,
     reuse_training_frame,
+    saved_reuse_model,
 )
-from kvcost.models.reuse_cure import CURE_FILE, CureReuseModel
+from kvcost.models.reuse_cure import CureReuseModel
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.metrics import summarise
 from kvcost.replay.settings import DEFAULT_RATE_SCALE, DEFAULT_TRACE
@@ -77,8 +76,6 @@ STUDY_POLICIES: tuple[str, ...] = ("lru", "lfu", "gdsf", "lhd", "flop_aware", "c
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5)
 #: Share of the window's trace time replayed to fit the reuse model (and warm every run).
 DEFAULT_TRAIN_FRACTION = 0.3
-#: P(reuse) sources of ``cost_aware`` in the study (see the module docstring).
-REUSE_MODELS: tuple[str, ...] = ("prior", "lightgbm", "cure")
 #: File name of the training part's block history log, in each cache size's reuse-model folder.
 BLOCK_EVENTS_DB = "block_events.duckdb"
 #: Re-rank period of the time-varying policies, simulated seconds (assumption: ≪ H, cheap enough).
@@ -122,7 +119,7 @@ def check_settings(s: StudySettings) -> None:
     if s.horizon_s is not None and not (s.horizon_s > 0 and math.isfinite(s.horizon_s)):
         raise ValueError(f"horizon_s = {s.horizon_s!r}, expected a finite number > 0")
     if s.reuse_model not in REUSE_MODELS:
-        raise ValueError(f"reuse_model = {s.reuse_model!r}, expected one of {', '.join(REUSE_MODELS)}")
+        raise ValueError(f"reuse_model = {s.reuse_model!r}, expected one of {', '.join(REUSE_MODELS.names())}")
     if s.workers < 1 or s.jobs < 1:
         raise ValueError(f"workers = {s.workers}, jobs = {s.jobs}, expected integers ≥ 1")
 
@@ -154,9 +151,10 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
     The history goes through the DuckDB log: it is written to the ``block_events`` table of
     ``model_dir/block_events.duckdb`` (run id ``train``, the file made anew) and the model is fitted
     on what is read back, as a deployment would fit it on the engines' logged KV events.
-    ``prior`` saves only H (``horizon_s.txt``); ``lightgbm`` and ``cure`` save their model too, unless the
-    log cannot support one (a single label class, or no reuse: e.g. nothing evicted at a large cache),
-    where the prior with the measured H stands in.
+    Every setting saves H (``horizon_s.txt``); the model registered as ``s.reuse_model``
+    (:data:`~kvcost.models.reuse.REUSE_MODELS`) is fitted by its ``from_log`` and saved too, unless the
+    log cannot support one (``prior`` never fits; ``lightgbm`` needs both label classes, ``cure`` a reuse:
+    e.g. nothing evicted at a large cache), where the prior with the measured H stands in.
     """
     trace = _trace(s.trace, s.duration_s, s.rate_scale, s.seed)
     cut_s = split_s(trace, s.train_fraction)
@@ -168,13 +166,7 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
     size_bytes = trace.block_size_tokens * sim.step_models["a100"].model.kv_bytes_per_token
     frame = reuse_training_frame(events, horizon_s, size_bytes, seed=s.seed, end_s=cut_s)
     (model_dir / "horizon_s.txt").write_text(f"{horizon_s!r}\n")
-    fitted = None
-    if s.reuse_model == "lightgbm" and frame["label"].nunique() == 2:
-        fitted = ReuseClassifier(horizon_s, STUDY_FEATURES, **STUDY_PARAMS).fit(frame)
-    elif s.reuse_model == "cure":
-        periods = idle_periods(events)
-        if (periods["next_demand_s"] <= cut_s).any():
-            fitted = CureReuseModel.fit(periods, cut_s, horizon_s)
+    fitted = REUSE_MODELS.get(s.reuse_model).from_log(events, frame, horizon_s, cut_s)
     if fitted is not None:
         fitted.save(model_dir)
     return {
@@ -197,9 +189,9 @@ def _through_the_log(events: pd.DataFrame, db: Path) -> pd.DataFrame:
         return store.read_block_events("train")
 
 
-def study_reuse_model(model_dir: Path) -> tuple[ReuseClassifier | CureReuseModel | None, float]:
+def study_reuse_model(model_dir: Path) -> tuple[ReuseModel | None, float]:
     """The P(reuse) model :func:`train_reuse_model` saved in ``model_dir`` (None: the prior) and H, seconds."""
-    if not (model_dir / "manifest.json").exists() and not (model_dir / CURE_FILE).exists():
+    if saved_reuse_model(model_dir) is None:
         return None, float((model_dir / "horizon_s.txt").read_text())
     model = load_reuse_model(model_dir)
     return model, model.horizon_s
@@ -220,7 +212,7 @@ def run_policy(s: StudySettings, fraction: float, capacity_blocks: int, policy: 
     started = time.perf_counter()
     trace = _trace(s.trace, s.duration_s, s.rate_scale, s.seed)
     reuse_model, horizon_s = None, s.horizon_s or 300.0
-    if policy == "cost_aware" and model_dir is not None:
+    if EVICTION_POLICIES.get(policy).uses_reuse_model and model_dir is not None:
         reuse_model, horizon_s = study_reuse_model(model_dir)
     context = EvictionContext(horizon_s=horizon_s, rerank_interval_s=s.rerank_interval_s, reuse_model=reuse_model)
     config = _config(s, capacity_blocks, policy, split_s(trace, s.train_fraction))
@@ -277,7 +269,7 @@ def run_study(s: StudySettings, out: Path, progress: Callable[[int], None] | Non
         raise ValueError(f"out = {str(out)!r} cannot be created: {exc.strerror}") from None
     distinct = trace.distinct_blocks  # every hash id, the partial last block included
     sizes = [(f, max(1, int(f * distinct / s.workers))) for f in s.fractions]
-    train = "cost_aware" in s.policies
+    train = any(EVICTION_POLICIES.get(p).uses_reuse_model for p in s.policies)
     dirs = {f: out / "reuse_models" / f"fraction_{f:g}" for f, _ in sizes}
     training = _map(s.jobs, [(train_reuse_model, s, f, c, dirs[f]) for f, c in sizes], progress) if train else []
     calls = [(run_policy, s, f, c, p, dirs[f] if train else None) for f, c in sizes for p in s.policies]

@@ -49,6 +49,8 @@ CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration("cost_aware", "cost_aware", True),
     Configuration("cost_aware_tiered", "cost_aware", True, tiered=True),
 )
+#: The arm added by ``kvcost experiment --learned`` / ``--online``: routing by the learned models.
+LEARNED_ARM = Configuration("learned_cost_aware", "learned_cost_aware", True)
 
 
 def configure(base: ClusterConfig, arm: Configuration) -> ClusterConfig:
@@ -176,24 +178,11 @@ def study_summary(results: dict[str, ReplayResult], n_workers: int) -> dict:
     if not {arm.name for arm in CONFIGURATIONS if not arm.tiered} <= set(configs):
         return {"configs": configs}
     summary = {"configs": configs, "attribution": attribution(configs), "diagnosis": diagnose(configs, results)}
-    if "learned_cost_aware" in configs:
-        learned, analytic = configs["learned_cost_aware"], configs["cost_aware"]
+    if LEARNED_ARM.name in configs:
+        learned, analytic = configs[LEARNED_ARM.name], configs["cost_aware"]
         summary["attribution"]["learned_gain_p50_s"] = analytic["ttft_p50_s"] - learned["ttft_p50_s"]
         summary["attribution"]["learned_gain_p99_s"] = analytic["ttft_p99_s"] - learned["ttft_p99_s"]
-    online = results.get("learned_cost_aware")
+    online = results.get(LEARNED_ARM.name)
     if online is not None and online.retrains:
         summary["online"] = {"retrains": list(online.retrains), "drift_alerts": list(online.drift_alerts)}
     return summary
-
-
-def run_experiment(
-    trace: Trace, base: ClusterConfig, progress: Callable[[int], None] | None = None
-) -> tuple[dict, dict[str, ReplayResult]]:
-    """Replay ``trace`` under the three configurations.
-
-    Returns:
-        ``(summary, results)``: configs, attribution and diagnosis (trace-level
-        keys are added by :mod:`kvcost.replay.runner`), and the per-configuration results.
-    """
-    results = {arm.name: replay(trace, configure(base, arm), progress) for arm in CONFIGURATIONS}
-    return study_summary(results, base.workers), results

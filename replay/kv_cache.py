@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvcost.eviction.index import EvictionIndex
+from kvcost.eviction.recency import LRUPolicy
 
 #: Columns of one access-history row: time (s), block hash, event, depth (0-based, blocks), the
 #: full prompt blocks of the request involved, and how many of its leading blocks that request found
@@ -99,8 +100,8 @@ class BlockPool:
 
     @property
     def eviction_policy(self) -> str:
-        """Name of the eviction policy."""
-        return "lru" if self._index is None else self._index.policy.name
+        """Name of the eviction policy (without an index: ``lru``, which the pool runs natively)."""
+        return LRUPolicy.name if self._index is None else self._index.policy.name
 
     # -- queries -----------------------------------------------------------------
     @property

@@ -39,7 +39,7 @@ from kvcost.replay.bench import (
 )
 from kvcost.replay.bench_report import line_styles, marker_styles, write_bench_json, write_bench_md
 from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
-from kvcost.replay.experiment import CONFIGURATIONS, Configuration, configure, replay, study_summary
+from kvcost.replay.experiment import CONFIGURATIONS, LEARNED_ARM, Configuration, configure, replay, study_summary
 from kvcost.replay.metrics import infinite_cache_hit_ratio, p99_by_window
 from kvcost.replay.online import OnlineSettings
 from kvcost.replay.outputs import log_replay, write_report_md
@@ -129,9 +129,6 @@ class LearnedSetup:
     mlflow_uri: str | None = None
 
 
-LEARNED_ARM = Configuration("learned_cost_aware", "learned_cost_aware", True)
-
-
 def execute(
     spec: RunSpec,
     arms: Sequence[Configuration],
@@ -162,12 +159,12 @@ def execute(
         _make_out(spec.out)
         results = {}
         for arm in arms:
-            is_learned = arm.policy == "learned_cost_aware"
+            is_learned = ROUTER_POLICIES.get(arm.policy).learned
             config = configure(spec.config, arm)
             results[arm.name] = replay(
                 spec.trace, config, progress, cost_model if is_learned else None, online if is_learned else None
             )
-        run_ids = _log(store, spec, arms, results)
+        run_ids = _log_runs(store, spec, arms, results)
     summary = {**_study_header(spec), **study_summary(results, spec.config.workers)}
     if learned is not None:
         summary["learned_model"] = model_note
@@ -210,7 +207,8 @@ def _make_out(out: Path) -> None:
         raise ValueError(f"out = {str(out)!r} cannot be created: {exc.strerror}") from None
 
 
-def _log(store: LogStore, spec: RunSpec, arms: Sequence[Configuration], results: dict) -> dict[str, str]:
+def _log_runs(store: LogStore, spec: RunSpec, arms: Sequence[Configuration], results: dict) -> dict[str, str]:
+    """Append one run per arm to the log (run ids ``<batch>-<arm>``), roll the segments; returns arm → run id."""
     started = datetime.now(UTC)
     batch = uuid.uuid4().hex[:8]
     run_ids = {arm.name: f"{batch}-{arm.name}" for arm in arms}

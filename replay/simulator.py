@@ -27,7 +27,7 @@ from kvcost.core.types import REMOTE_STORE_ID, Namespace, ReusePlan, RouteDecisi
 from kvcost.data.log_rows import CandidateLog, RequestRow, requests_frame
 from kvcost.data.traces import Trace
 from kvcost.eviction import EvictionContext, block_cost_table
-from kvcost.eviction.index import make_eviction_index
+from kvcost.eviction.index import make_eviction_index, needs_index
 from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.kv_cache import BLOCK_EVENT_COLUMNS, BlockPool
@@ -35,6 +35,7 @@ from kvcost.replay.online import CompletedRequest, OnlineLearner, OnlineSettings
 from kvcost.replay.tiers import TierCache, WorkerTiers
 from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
 from kvcost.routing.directory import CacheDirectory
+from kvcost.routing.policies import PolicyContext
 from kvcost.routing.router import Router
 
 
@@ -109,6 +110,8 @@ class ClusterSimulator:
         if online is not None and cost_model is None:
             cost_model = TermModelSet.analytic()  # online learning starts analytic by design: no fallback warning
         self.router = Router(self.directory, self.step_models, config.router, cost_model)
+        self._arriving: tuple = ()  # (trace request, its full block hashes) while it is being routed
+        self.router.policy.attach_truth(self._true_ttfts_s)
         self.online = OnlineLearner(online) if online is not None else None
         self.workers = [self._make_worker(i, gpu) for i, gpu in enumerate(config.fleet)]
         self.remote: TierCache | None = None
@@ -129,7 +132,7 @@ class ClusterSimulator:
             self.block_size_tokens, self.config.gpu_memory_utilization
         )
         index = None
-        if self.config.eviction_policy != "lru":
+        if needs_index(self.config.eviction_policy):
             costs = block_cost_table(self.router.cost_model, step_model, self.block_size_tokens)
             index = make_eviction_index(self.config.eviction_policy, self.eviction, costs, capacity_blocks)
         pool = BlockPool(capacity_blocks, self.config.cache_enabled, index, self.record_block_events)
@@ -191,11 +194,8 @@ class ClusterSimulator:
         self._deliver_events(now)
         request = RouteRequest(trace_request.request_id, now, trace_request.input_tokens, full_hashes, self.namespace)
         snapshots = [w.snapshot(now) for w in self.workers]
-
-        def true_ttft_s() -> np.ndarray:
-            return np.array([self._true_ttft_s(w, trace_request, full_hashes, now) for w in self.workers])
-
-        decision = self.router.route(request, snapshots, now, true_ttft_s)
+        self._arriving = (trace_request, full_hashes)
+        decision = self.router.route(request, snapshots, now)
         predicted_reuse = int(decision.reusable_tokens[decision.chosen_index]) if self.config.cache_enabled else 0
         sim_request = SimRequest(
             trace_request.request_id,
@@ -249,6 +249,13 @@ class ClusterSimulator:
         source = self.workers[source_id]
         gpu_blocks = source.pool.match_blocks(chain)
         return gpu_blocks + sum(source.tiers.match_below(chain, gpu_blocks))
+
+    def _true_ttfts_s(self, ctx: PolicyContext) -> np.ndarray:
+        """The replay's truth for the request being routed (:data:`~kvcost.routing.policies.TruthFn`):
+        its true TTFT on each candidate of ``ctx`` at ``ctx.now_s``, seconds ``(n,)``."""
+        trace_request, full_hashes = self._arriving
+        workers = [self.workers[s.worker_id] for s in ctx.snapshots]
+        return np.array([self._true_ttft_s(w, trace_request, full_hashes, ctx.now_s) for w in workers])
 
     def _true_ttft_s(self, worker: SimWorker, trace_request, full_hashes: tuple[int, ...], now: float) -> float:
         """The TTFT this request would really get on ``worker`` if no other request arrived (the oracle's view)."""

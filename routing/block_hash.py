@@ -288,6 +288,8 @@ def block_hashes_for(
     algorithm: str = DEFAULT_HASH_ALGORITHM,
     hash_seed: str = "0",
     cache: PrefixHashCache | None = None,
+    *,
+    cache_salt: str | None = None,
 ) -> tuple[int, ...]:
     """The block hashes a vLLM engine publishes for ``token_ids`` sent in ``namespace``; the service's token hasher.
 
@@ -305,6 +307,8 @@ def block_hashes_for(
         algorithm: one of :data:`kvcost.routing.block_hash.HASH_ALGORITHMS`.
         hash_seed: the engines' ``PYTHONHASHSEED`` string.
         cache: digests of blocks already hashed (shared prefixes are hashed once); None = none.
+        cache_salt: the request's cache salt when ``namespace`` is the directory's (unsalted) one;
+            None = ``namespace.cache_salt``.
 
     Returns:
         ``len(token_ids) // block_size_tokens`` hashes in prompt order, each in ``[0, 2**64)``.
@@ -314,4 +318,5 @@ def block_hashes_for(
     """
     extra_keys = (namespace.adapter,) if namespace.adapter else ()
     hasher = BlockHasher(block_size_tokens, hash_seed, algorithm, cache)
-    return tuple(hasher.hashes(token_ids, extra_keys, namespace.cache_salt or None))
+    salt = namespace.cache_salt if cache_salt is None else cache_salt
+    return tuple(hasher.hashes(token_ids, extra_keys, salt or None))

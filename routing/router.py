@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -27,7 +27,7 @@ from kvcost.core.types import (
     WorkerSnapshot,
     reusable_tokens_for,
 )
-from kvcost.features.build import build_features
+from kvcost.features.build import feature_columns, stack_features
 from kvcost.features.nominal import NominalCosts
 from kvcost.models.term_set import TermModelSet
 from kvcost.routing.compatibility import conversion_factor, serves
@@ -35,6 +35,10 @@ from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.policies import PolicyContext, make_policy
 
 _log = logging.getLogger(__name__)
+
+
+class NoCompatibleCandidate(ValueError):  # noqa: N818  (a ValueError, as the router raised before)
+    """No candidate serves the request's namespace (the message names it and the candidates' namespaces)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +76,31 @@ class RouterSettings:
 
 def load_tokens(snapshots: Sequence[WorkerSnapshot], expected_decode_tokens: int) -> np.ndarray:
     """Outstanding work per worker in tokens: queued prefill + running × expected decode tokens. ``(n,)`` float64."""
-    return np.array(
-        [s.queued_prefill_tokens + s.running_requests * expected_decode_tokens for s in snapshots],
-        dtype=np.float64,
-    )
+    queued = np.array([s.queued_prefill_tokens for s in snapshots], dtype=np.float64)
+    running = np.array([s.running_requests for s in snapshots], dtype=np.float64)
+    return outstanding_tokens(queued, running, expected_decode_tokens)
+
+
+def outstanding_tokens(queued_prefill_tokens: np.ndarray, running_requests: np.ndarray, expected_decode_tokens: int):
+    """:func:`load_tokens` from the columns: ``queued + running × expected_decode_tokens``, float64 ``(n,)``."""
+    return queued_prefill_tokens + running_requests * expected_decode_tokens
+
+
+def compatible_candidates(namespace: Namespace, snapshots: Sequence[WorkerSnapshot]) -> Sequence[WorkerSnapshot]:
+    """The candidates that can serve ``namespace`` (``snapshots`` itself when all can; see
+    :func:`~kvcost.routing.compatibility.serves`); the router's one compatibility filter.
+
+    Raises:
+        NoCompatibleCandidate: none serves the namespace's model, revision, adapter and block size.
+    """
+    compatible = [s for s in snapshots if serves(s.namespace, namespace)]
+    if not compatible:
+        raise NoCompatibleCandidate(
+            f"no candidate serves namespace model={namespace.model!r} revision={namespace.revision!r} "
+            f"adapter={namespace.adapter!r} block_size_tokens={namespace.block_size_tokens}: candidates' "
+            f"namespaces are {sorted({str(s.namespace) for s in snapshots})}"
+        )
+    return compatible if len(compatible) < len(snapshots) else snapshots
 
 
 def _fetch_reason(plan: ReusePlan, ctx: PolicyContext, local_s: float, index: int) -> str:
@@ -99,8 +124,8 @@ class Router:
         cost_model: per-term predictor of the candidates' TTFT, a
             :class:`~kvcost.models.term_set.TermModelSet` (or anything with ``predict``,
             ``calibrate`` and ``learned``). None = the analytic model.
-            ``learned_cost_aware`` without a learned model falls back to the
-            analytic one and says so once (a log warning and ``fallbacks``).
+            A ``learned`` policy (``learned_cost_aware``) without a learned model
+            falls back to the analytic one and says so once (a log warning and ``fallbacks``).
 
     Thread safety: not thread-safe (the skew window and stateful policies
     change on every decision); one router per event loop.
@@ -125,36 +150,31 @@ class Router:
 
     def set_cost_model(self, cost_model: TermModelSet | None) -> None:
         """Swap the cost model (e.g. newly retrained models); None = the analytic model."""
-        if cost_model is None and self.settings.policy == "learned_cost_aware" and not self.fallbacks:
-            _log.warning("learned_cost_aware has no learned model: routing with the analytic model")
+        if cost_model is None and self.policy.learned and not self.fallbacks:
+            _log.warning("%s has no learned model: routing with the analytic model", self.policy.name)
             self.fallbacks += 1
         self.cost_model = cost_model if cost_model is not None else TermModelSet.analytic()
 
-    def route(
-        self,
-        request: RouteRequest,
-        snapshots: Sequence[WorkerSnapshot],
-        now_s: float,
-        true_ttft_s: Callable[[], np.ndarray] | None = None,
-    ) -> RouteDecision:
+    def route(self, request: RouteRequest, snapshots: Sequence[WorkerSnapshot], now_s: float) -> RouteDecision:
         """Choose a worker for ``request`` among ``snapshots`` (non-empty).
 
         Args:
             request: the request.
             snapshots: candidate workers' load.
             now_s: decision time.
-            true_ttft_s: replay only: the simulator's true TTFT per candidate (for ``oracle``).
 
         Raises:
             ValueError: no candidates.
+            NoCompatibleCandidate: no candidate serves the request's namespace (a ``ValueError``).
         """
         if not snapshots:
             raise ValueError("snapshots is empty, expected at least one candidate worker")
-        snapshots = self._compatible(request, snapshots)
+        snapshots = compatible_candidates(request.namespace, snapshots)
         worker_ids = tuple(s.worker_id for s in snapshots)
-        matches = self._match(request, snapshots, now_s)
-        options = self._plans(request, snapshots) if self.settings.tiers else None
-        reusable, features, predictions, calibrated, plans, local_score = self._score(
+        namespaces = [self._namespace_of(request, s) for s in snapshots]
+        matches = self._match(request, snapshots, namespaces, now_s)
+        options = self._plans(request, snapshots, namespaces) if self.settings.tiers else None
+        reusable, features, predictions, calibrated, plans, local_score, load = self._score(
             request, snapshots, matches, options
         )
         ctx = PolicyContext(
@@ -162,21 +182,18 @@ class Router:
             snapshots=tuple(snapshots),
             reusable_tokens=reusable,
             predictions=predictions,
-            load_tokens=load_tokens(snapshots, self.settings.costs.expected_decode_tokens),
+            load_tokens=load,
             allowed=self._skew_allowed(worker_ids),
             now_s=now_s,
             matches=tuple(matches),
             step_models=self.step_models,
             features=features,
             calibrated=calibrated,
-            true_ttft_s=true_ttft_s,
         )
         index, reason = self.policy.choose(ctx)
         if plans and plans[index].option == "fetch":
             reason += "; " + _fetch_reason(plans[index], ctx, local_score[index], index)
-        on_routed = getattr(self.policy, "on_routed", None)
-        if on_routed is not None:
-            on_routed(ctx, index)
+        self.policy.on_routed(ctx, index)
         self._record(worker_ids[index], request.input_tokens)
         return RouteDecision(
             request_id=request.request_id,
@@ -195,40 +212,31 @@ class Router:
     # -- candidates, directory and options --------------------------------------------------------
 
     @staticmethod
-    def _compatible(request: RouteRequest, snapshots: Sequence[WorkerSnapshot]) -> Sequence[WorkerSnapshot]:
-        """Candidates that can serve the request's namespace (all of them when none says otherwise).
-
-        Raises:
-            ValueError: no candidate serves the request's model, revision, adapter and block size.
-        """
-        compatible = [s for s in snapshots if serves(s.namespace, request.namespace)]
-        if not compatible:
-            raise ValueError(
-                f"no candidate serves namespace {request.namespace}: candidates' namespaces are "
-                f"{sorted({str(s.namespace) for s in snapshots})}"
-            )
-        return compatible if len(compatible) < len(snapshots) else snapshots
-
-    @staticmethod
     def _namespace_of(request: RouteRequest, snapshot: WorkerSnapshot) -> Namespace:
         """The directory namespace of the worker's KV: the request's, in the worker's KV layout."""
         if snapshot.namespace is None or snapshot.namespace.kv_layout == request.namespace.kv_layout:
             return request.namespace
         return replace(request.namespace, kv_layout=snapshot.namespace.kv_layout)
 
-    def _match(self, request: RouteRequest, snapshots, now_s: float) -> list[DirectoryMatch]:
-        """Directory match per candidate, each in its own KV layout's namespace."""
+    def _match(
+        self, request: RouteRequest, snapshots, namespaces: list[Namespace], now_s: float
+    ) -> list[DirectoryMatch]:
+        """Directory match per candidate, each in its own KV layout's namespace (``namespaces``, per candidate)."""
         by_namespace: dict[Namespace, list[int]] = {}
-        for snapshot in snapshots:
-            by_namespace.setdefault(self._namespace_of(request, snapshot), []).append(snapshot.worker_id)
+        for snapshot, namespace in zip(snapshots, namespaces, strict=True):
+            by_namespace.setdefault(namespace, []).append(snapshot.worker_id)
         found: dict[int, DirectoryMatch] = {}
         for namespace, ids in by_namespace.items():
             for match in self.directory.match(namespace, request.block_hashes, ids, now_s):
                 found[match.worker_id] = match
         return [found[s.worker_id] for s in snapshots]
 
-    def _plans(self, request: RouteRequest, snapshots) -> tuple[list[ReusePlan], list[int]]:
+    def _plans(
+        self, request: RouteRequest, snapshots, namespaces: list[Namespace]
+    ) -> tuple[list[ReusePlan], list[int]]:
         """Every option per candidate: its own tiers (``local``), and a ``fetch`` of a longer prefix.
+
+        ``namespaces``: each candidate's directory namespace (:meth:`_namespace_of`).
 
         Returns:
             ``(plans, owners)``: ``local`` plans first (one per candidate, in order), then
@@ -239,21 +247,21 @@ class Router:
             then the remote store, then the lowest worker id.
         """
         depths: dict[tuple[str, int], tuple[int, int, int]] = {}  # (layout, holder) -> (gpu, cpu, any)
-        for namespace in {self._namespace_of(request, s) for s in snapshots}:
-            holders = [s.worker_id for s in snapshots if self._namespace_of(request, s) == namespace]
+        for namespace in set(namespaces):
+            holders = [s.worker_id for s, ns in zip(snapshots, namespaces, strict=True) if ns == namespace]
             if self.settings.transfers:
                 holders.append(REMOTE_STORE_ID)
             for holder, depth in self.directory.match_tiers(namespace, request.block_hashes, holders).items():
                 depths[(namespace.kv_layout, holder)] = depth
         plans = []
-        for s in snapshots:
-            gpu, cpu, any_tier = depths[(self._namespace_of(request, s).kv_layout, s.worker_id)]
+        for s, namespace in zip(snapshots, namespaces, strict=True):
+            gpu, cpu, any_tier = depths[(namespace.kv_layout, s.worker_id)]
             plans.append(ReusePlan("local", gpu, cpu - gpu, any_tier - cpu))
         owners = list(range(len(snapshots)))
         if not self.settings.transfers:
             return plans, owners
         for i, (s, local) in enumerate(zip(snapshots, list(plans), strict=True)):
-            fetch = self._best_source(self._namespace_of(request, s).kv_layout, s.worker_id, depths)
+            fetch = self._best_source(namespaces[i].kv_layout, s.worker_id, depths)
             if fetch is not None and fetch[0] > local.reusable_blocks:
                 depth, factor, source = fetch
                 extra = depth - local.reusable_blocks
@@ -285,10 +293,11 @@ class Router:
         composed TTFT, as the cost-aware policies use it.
 
         Returns:
-            ``(reusable_tokens, features, predictions, calibrated, plans, local_score)`` per
-            candidate; ``plans`` is ``()`` and ``local_score`` None when the router plans
+            ``(reusable_tokens, features, predictions, calibrated, plans, local_score, load_tokens)``
+            per candidate; ``plans`` is ``()`` and ``local_score`` None when the router plans
             GPU-resident prefixes only, else ``local_score`` is each candidate's score
-            with its own tiers (the alternative a fetch beat), seconds.
+            with its own tiers (the alternative a fetch beat), seconds. ``load_tokens`` is
+            :func:`load_tokens` from the feature columns (the queues are summed once).
         """
         n = len(snapshots)
         block_size = request.namespace.block_size_tokens
@@ -302,13 +311,17 @@ class Router:
             row_snapshots = [snapshots[i] for i in owner]
             row_matches = [matches[i] for i in owner]
         reusable = np.array([reusable_tokens_for(b, block_size, request.input_tokens) for b in blocks], dtype=np.int64)
-        features = build_features(
+        columns = feature_columns(
             request, row_snapshots, row_matches, reusable, self.step_models, self.settings.costs, plans
         )
+        features = stack_features(columns)
+        # rows 0..n-1 are the candidates in order (their own-tier options): their snapshot columns
+        expected = self.settings.costs.expected_decode_tokens
+        load = outstanding_tokens(columns["queued_prefill_tokens"][:n], columns["running_requests"][:n], expected)
         predictions = self.cost_model.predict(features)
         calibrated = self.cost_model.calibrate(predictions) if self.cost_model.learned else None
         if plans is None:
-            return reusable, features, predictions, calibrated, (), None
+            return reusable, features, predictions, calibrated, (), None, load
         score = calibrated.p50_s if calibrated is not None else predictions.ttft_s
         best = list(range(n))
         for row in range(n, len(plans)):
@@ -321,7 +334,7 @@ class Router:
             chosen_calibrated = CalibratedTTFT(calibrated.p50_s[index], calibrated.p90_s[index])
         chosen_plans = tuple(plans[i] for i in best)
         chosen = (reusable[index], features[index], predictions.take(index), chosen_calibrated, chosen_plans)
-        return (*chosen, score[:n])
+        return (*chosen, score[:n], load)
 
     def _skew_allowed(self, worker_ids: tuple[int, ...]) -> np.ndarray:
         total = sum(self._window_tokens.values())

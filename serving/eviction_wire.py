@@ -104,7 +104,7 @@ def rank_request(body: EvictRankIn, reuse_model=None) -> EvictRankResponse:
         )
         for i in ranking.order.tolist()
     ]
-    if body.policy != "cost_aware":
+    if not policy.uses_reuse_model:
         horizon_s, source = None, None
     else:
         source = type(reuse_model).__name__ if reuse_model is not None else "recency_prior"

@@ -16,18 +16,16 @@ import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import Namespace, RouteDecision, RouteRequest, WorkerSnapshot
-from kvcost.features.spec import FEATURE_INDEX
 from kvcost.models.term_set import TermModelSet
 from kvcost.routing.block_hash import PrefixHashCache, block_hashes_for
-from kvcost.routing.compatibility import serves
 from kvcost.routing.directory import CacheDirectory
-from kvcost.routing.router import Router, RouterSettings
+from kvcost.routing.router import NoCompatibleCandidate, Router, RouterSettings
 from kvcost.serving.errors import ConflictError, FieldError
 from kvcost.serving.schemas import (
     CandidateScore,
@@ -158,9 +156,8 @@ class Routing:
         """
         now_s = self.clock()
         request, snapshots, sources, ages = self.resolve(body, now_s)
-        with self.lock:
-            decision = self.scorer.route(request, snapshots, now_s)
-        return ScoreResponse(**score_fields(decision, sources, ages, model_label))
+        decision = self._route(self.scorer, request, snapshots, now_s)
+        return ScoreResponse(**score_fields(decision, request, sources, ages, model_label))
 
     def route(self, body: ScoreRequestIn, run_id: str, model_label: str) -> tuple[RouteResponse, RouteDecision]:
         """Route the request and remember the decision; returns the response and the decision (to log).
@@ -178,8 +175,7 @@ class Routing:
             )
         now_s = self.clock()
         request, snapshots, sources, ages = self.resolve(body, now_s)
-        with self.lock:
-            decision = self.router.route(request, snapshots, now_s)
+        decision = self._route(self.router, request, snapshots, now_s)
         index = decision.chosen_index
         pred = decision.predictions.as_matrix()
         record = DecisionRecord(
@@ -192,7 +188,7 @@ class Routing:
         )
         self.decisions.remember(request_id, record)
         response = RouteResponse(
-            **score_fields(decision, sources, ages, model_label),
+            **score_fields(decision, request, sources, ages, model_label),
             worker_id=decision.worker_id,
             chosen_index=index,
             policy=self.settings.policy,
@@ -201,13 +197,29 @@ class Routing:
         )
         return response, decision
 
-    # ----------------------------------------------------------------- resolving
-
-    def resolve(self, body: ScoreRequestIn, now_s: float) -> tuple[RouteRequest, list[WorkerSnapshot], list, list]:
-        """The request, the snapshots of the candidates serving its namespace, their sources and ages (s).
+    def _route(self, router: Router, request: RouteRequest, snapshots: list[WorkerSnapshot], now_s: float):
+        """``router.route`` under the lock; the router's compatibility refusal as a ``candidates`` field error.
 
         Raises:
-            FieldError: as :meth:`score`, or no candidate serves the request's namespace.
+            FieldError: no candidate serves the request's namespace.
+        """
+        try:
+            with self.lock:
+                return router.route(request, snapshots, now_s)
+        except NoCompatibleCandidate as exc:
+            raise FieldError(("candidates",), str(exc)) from None
+
+    # ----------------------------------------------------------------- resolving
+
+    def resolve(
+        self, body: ScoreRequestIn, now_s: float
+    ) -> tuple[RouteRequest, list[WorkerSnapshot], dict[int, str], dict[int, float]]:
+        """The request, every candidate's snapshot, and per worker id its snapshot's source and age (s).
+
+        Which candidates can serve the request's namespace is the router's to decide.
+
+        Raises:
+            FieldError: as :meth:`score`.
         """
         req = body.request
         block_size = req.namespace.block_size_tokens or self.settings.block_size_tokens
@@ -221,14 +233,14 @@ class Routing:
             # carry it, so salted blocks are stored (and found) in the unsalted namespace
         )
         if req.token_ids is not None:
-            salted = replace(ns, cache_salt=req.namespace.cache_salt)
             hashes = block_hashes_for(
                 req.token_ids,
                 block_size,
-                salted,
+                ns,
                 self.settings.hash_algorithm,
                 self.settings.hash_seed,
                 self._hash_cache,
+                cache_salt=req.namespace.cache_salt,
             )
             input_tokens = len(req.token_ids)
         else:
@@ -240,25 +252,19 @@ class Routing:
                     f"{len(hashes)} full blocks of {block_size} tokens exceed input_tokens = {input_tokens}",
                 )
         snapshots, sources, ages = self._candidate_snapshots(body, now_s)
-        serving = [i for i, snapshot in enumerate(snapshots) if serves(snapshot.namespace, ns)]
-        if not serving:
-            raise FieldError(
-                ("candidates",),
-                f"no candidate serves namespace model={ns.model!r} revision={ns.revision!r} "
-                f"adapter={ns.adapter!r} block_size_tokens={ns.block_size_tokens}",
-            )
-        if len(serving) < len(snapshots):
-            snapshots, sources, ages = ([x[i] for i in serving] for x in (snapshots, sources, ages))
         arrival_s = req.arrival_s if req.arrival_s is not None else now_s
         return RouteRequest(req.request_id, arrival_s, input_tokens, hashes, ns), snapshots, sources, ages
 
-    def _candidate_snapshots(self, body: ScoreRequestIn, now_s: float) -> tuple[list, list, list]:
-        snapshots, sources, ages = [], [], []
+    def _candidate_snapshots(
+        self, body: ScoreRequestIn, now_s: float
+    ) -> tuple[list[WorkerSnapshot], dict[int, str], dict[int, float]]:
+        """Each candidate's snapshot (inline or pushed) and, per worker id, its source and age (s)."""
+        snapshots, sources, ages = [], {}, {}
         for i, candidate in enumerate(body.candidates):
             if candidate.snapshot is not None:
                 snapshot = self.snapshot(candidate.worker_id, candidate.snapshot, ("candidates", i, "snapshot"))
-                sources.append("inline")
-                ages.append(0.0)
+                sources[candidate.worker_id] = "inline"
+                ages[candidate.worker_id] = 0.0
             else:
                 stored = self.snapshots.get(candidate.worker_id)
                 if stored is None:
@@ -268,8 +274,8 @@ class Routing:
                         f"POST /v1/workers/{candidate.worker_id}/snapshot first",
                     )
                 snapshot, received_s = stored
-                sources.append("pushed")
-                ages.append(max(0.0, now_s - received_s))
+                sources[candidate.worker_id] = "pushed"
+                ages[candidate.worker_id] = max(0.0, now_s - received_s)
             snapshots.append(snapshot)
         return snapshots, sources, ages
 
@@ -319,8 +325,17 @@ class Routing:
         return SnapshotAck(worker_id=worker_id, received_at_s=now_s)
 
 
-def score_fields(decision: RouteDecision, sources: list, ages: list, model_label: str) -> dict:
-    """The fields a score and a route response share: per-candidate terms, TTFT, P50/P90, reuse, snapshot age."""
+def score_fields(
+    decision: RouteDecision,
+    request: RouteRequest,
+    sources: Mapping[int, str],
+    ages: Mapping[int, float],
+    model_label: str,
+) -> dict:
+    """The fields a score and a route response share: per-candidate terms, TTFT, P50/P90, reuse, snapshot age.
+
+    ``sources`` and ``ages`` are per worker id (the router may have left incompatible candidates out).
+    """
     p = decision.predictions
     ttft = p.ttft_s
     calibrated = decision.calibrated
@@ -345,8 +360,8 @@ def score_fields(decision: RouteDecision, sources: list, ages: list, model_label
             tier=decision.matches[i].tier,
             directory_age_s=_finite_or_none(decision.matches[i].age_s),
             directory_stale=decision.matches[i].stale,
-            snapshot=sources[i],
-            snapshot_age_s=ages[i],
+            snapshot=sources[worker_id],
+            snapshot_age_s=ages[worker_id],
         )
         for i, worker_id in enumerate(decision.worker_ids)
     ]
@@ -354,6 +369,6 @@ def score_fields(decision: RouteDecision, sources: list, ages: list, model_label
         "request_id": decision.request_id,
         "model": model_label,
         "learned": calibrated is not None,
-        "request_blocks": int(decision.features[0, FEATURE_INDEX["request_blocks"]]),
+        "request_blocks": len(request.block_hashes),
         "candidates": candidates,
     }

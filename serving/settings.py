@@ -18,8 +18,6 @@ from kvcost.serving.engines.engine_metrics import parse_scrape_target
 from kvcost.serving.engines.kv_subscriber import KVEventSource
 from kvcost.serving.schemas import MAX_BLOCK_SIZE_TOKENS
 
-#: Policies that need inputs only a replay has (``oracle`` reads the simulator's true TTFT).
-REPLAY_ONLY_POLICIES = frozenset({"oracle"})
 
 def is_loopback(host: str) -> bool:
     """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1); False for any other name or address."""
@@ -145,9 +143,7 @@ class ServiceSettings(BaseSettings):
             raise ValueError(f"model = {self.model!r}, expected one of {', '.join(MODELS.names())}")
         if self.gpu_default not in GPUS:
             raise ValueError(f"gpu_default = {self.gpu_default!r}, expected one of {', '.join(GPUS.names())}")
-        usable = [p for p in ROUTER_POLICIES.names() if p not in REPLAY_ONLY_POLICIES]
-        if self.policy not in usable:
-            raise ValueError(f"policy = {self.policy!r}, expected one of {', '.join(usable)}")
+        _check_policy(self.policy)
         if self.hash_algorithm not in HASH_ALGORITHMS:
             raise ValueError(f"hash_algorithm = {self.hash_algorithm!r}, expected one of {', '.join(HASH_ALGORITHMS)}")
         if self.reuse_model_dir is not None and not self.reuse_model_dir.is_dir():
@@ -168,6 +164,17 @@ class ServiceSettings(BaseSettings):
                 "endpoints would be open to the network; pass --token-file FILE (or --insecure)"
             )
         return self
+
+
+def _check_policy(name: str) -> None:
+    """Raise ``ValueError`` unless ``name`` is a registered router policy the service can run.
+
+    A policy whose class is ``replay_only`` (it needs the simulator's truth, e.g. ``oracle``) is refused.
+    """
+    usable = [p for p in ROUTER_POLICIES.names() if not ROUTER_POLICIES.get(p).replay_only]
+    if name not in usable:
+        why = " (replay-only: it needs the simulator's truth)" if name in ROUTER_POLICIES else ""
+        raise ValueError(f"policy = {name!r}, expected one of {', '.join(usable)}{why}")
 
 
 def parse_kv_event_source(spec: str) -> KVEventSource:

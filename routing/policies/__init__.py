@@ -5,6 +5,22 @@ the production baselines it is measured against.
 """
 
 from kvcost.routing.policies import aibrix, basic, dynamo, llmd, mooncake, oracle, preble, sglang  # noqa: F401  (importing registers the policies)
-from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext, RouterPolicy, argmin_stable, make_policy
+from kvcost.routing.policies.base import (
+    DEFAULT_SEED,
+    ROUTER_POLICIES,
+    PolicyContext,
+    RouterPolicy,
+    TruthFn,
+    argmin_stable,
+    make_policy,
+)
 
-__all__ = ["ROUTER_POLICIES", "PolicyContext", "RouterPolicy", "argmin_stable", "make_policy"]
+__all__ = [
+    "DEFAULT_SEED",
+    "ROUTER_POLICIES",
+    "PolicyContext",
+    "RouterPolicy",
+    "TruthFn",
+    "argmin_stable",
+    "make_policy",
+]

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext, random_among_ties
+from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext, RouterPolicy, random_among_ties
 
 #: Running-request spread above which load is imbalanced: ``..._IMBALANCE_ABS_COUNT`` as
 #: shipped in the Helm chart and README (the Go fallback default is 8).
@@ -115,7 +115,7 @@ def running_requests(ctx: PolicyContext) -> np.ndarray:
 
 
 @ROUTER_POLICIES.register("aibrix_prefix_cache")
-class AIBrixPrefixCachePolicy:
+class AIBrixPrefixCachePolicy(RouterPolicy):
     """AIBrix ``prefix-cache``: least-request when imbalanced, else best prefix match within mean + kσ.
 
     Source: vllm-project/aibrix ``pkg/plugins/gateway/algorithms/prefix_cache.go`` and
@@ -198,6 +198,7 @@ class AIBrixPrefixCachePolicy:
         self.block_ttl_s = block_ttl_s
         self.index_capacity_tokens = index_capacity_tokens
         self.index: PrefixHashTable | None = None
+        super().__init__(seed=seed)
         self._rng = np.random.default_rng(seed)
 
     def _index_for(self, block_size_tokens: int) -> PrefixHashTable:

@@ -1,18 +1,19 @@
-"""The policy interface and its registry (names are permanent CLI names).
+"""The policy base class and its registry (names are permanent CLI names).
 
 A policy sees a :class:`PolicyContext` — the candidates, their directory
 matches and predicted terms, their loads, which of them the hot-spot skew
 limit allows — and returns the index of the chosen candidate and a one-line
-reason. A policy may keep state (a round-robin counter, an approximate prefix
-tree of routed requests); if it defines ``on_routed(ctx, index)`` the router
-calls it after every decision.
+reason. Every policy subclasses :class:`RouterPolicy`: its class flags say
+what the callers must know about it (``replay_only``, ``learned``), and its
+hooks (no-ops by default) let it keep state (``on_routed``: e.g. an
+approximate prefix tree of routed requests) or take the replay's truth
+(``attach_truth``: the oracle). :func:`make_policy` builds one by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -40,8 +41,6 @@ class PolicyContext:
         features: float64 ``(n, len(FEATURE_SPEC))`` feature rows.
         calibrated: calibrated TTFT (P50 score, P90 bound) per candidate when the
             router's cost model is learned; None with the analytic model.
-        true_ttft_s: only in replay: returns the simulator's true TTFT per candidate
-            at decision time, seconds ``(n,)`` (for the ``oracle`` policy); None in production.
     """
 
     request: RouteRequest
@@ -55,18 +54,51 @@ class PolicyContext:
     step_models: Mapping[str, StepTimeModel] = field(default_factory=dict)
     features: np.ndarray | None = None
     calibrated: CalibratedTTFT | None = None
-    true_ttft_s: Callable[[], np.ndarray] | None = None
 
 
-class RouterPolicy(Protocol):
-    """A routing rule: ``choose`` returns ``(candidate index, reason)``."""
+#: The replay's truth for one decision: ``truth_s(ctx)`` is the TTFT each candidate of ``ctx`` would
+#: really get at ``ctx.now_s``, seconds, float64 ``(n,)`` (``inf`` where the request cannot be served).
+TruthFn = Callable[[PolicyContext], np.ndarray]
 
-    name: str
+#: Seed of a policy's random tie-breaks when none is given (the baselines break ties at random, as
+#: their sources do; a fixed seed keeps replays reproducible).
+DEFAULT_SEED = 0
 
-    def choose(self, ctx: PolicyContext) -> tuple[int, str]: ...
+
+class RouterPolicy:
+    """Base class of the routing rules: ``choose`` returns ``(candidate index, reason)``.
+
+    Class flags (read by the callers instead of the policy's name):
+        name: registry name.
+        replay_only: True = the policy needs what only a replay has (the simulator's truth,
+            :meth:`attach_truth`); the scoring service refuses it.
+        learned: True = the policy ranks by the learned models' calibrated TTFT: a replay gives it
+            the champion (or online learning), and a router without a learned model warns once
+            that it falls back to the analytic one.
+
+    Args:
+        seed: seed of the policy's random tie-breaks (policies that break no tie at random ignore it).
+    """
+
+    name = "base"
+    replay_only = False
+    learned = False
+
+    def __init__(self, *, seed: int = DEFAULT_SEED) -> None:
+        self.seed = seed
+
+    def choose(self, ctx: PolicyContext) -> tuple[int, str]:
+        """``(index of the chosen candidate in ctx.snapshots, one-line reason)``."""
+        raise NotImplementedError
+
+    def on_routed(self, ctx: PolicyContext, index: int) -> None:
+        """Called by the router after every decision, with the chosen index (default: nothing)."""
+
+    def attach_truth(self, truth_s: TruthFn) -> None:
+        """The replay hands over its truth before the first decision (default: not needed, ignored)."""
 
 
-ROUTER_POLICIES: Registry[type] = Registry("router policy")
+ROUTER_POLICIES: Registry[type[RouterPolicy]] = Registry("router policy")
 
 
 def argmin_stable(values: np.ndarray, mask: np.ndarray | None = None) -> int:
@@ -90,6 +122,16 @@ def random_among_ties(values: np.ndarray, rng: np.random.Generator) -> tuple[int
     return index, int(ties.size)
 
 
-def make_policy(name: str) -> RouterPolicy:
-    """A fresh instance of the policy registered as ``name`` (KeyError lists known names)."""
-    return ROUTER_POLICIES.get(name)()
+def make_policy(name: str, seed: int = DEFAULT_SEED, **params) -> RouterPolicy:
+    """A fresh instance of the policy registered as ``name``.
+
+    Args:
+        name: registered name (:data:`ROUTER_POLICIES`).
+        seed: seed of its random tie-breaks.
+        **params: the policy's own keyword parameters (e.g. ``kv_capacity_blocks`` of ``preble_e2``).
+
+    Raises:
+        KeyError: unknown name; the message lists the registered names.
+        TypeError: a parameter the policy does not take.
+    """
+    return ROUTER_POLICIES.get(name)(seed=seed, **params)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext, argmin_stable
+from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyContext, RouterPolicy, argmin_stable
 
 
 @ROUTER_POLICIES.register("round_robin")
-class RoundRobinPolicy:
+class RoundRobinPolicy(RouterPolicy):
     """Cycle through candidates in order, ignoring load and cache."""
 
     name = "round_robin"
 
-    def __init__(self) -> None:
+    def __init__(self, *, seed: int = DEFAULT_SEED) -> None:
+        super().__init__(seed=seed)
         self._next = 0
 
     def choose(self, ctx: PolicyContext) -> tuple[int, str]:
@@ -24,7 +25,7 @@ class RoundRobinPolicy:
 
 
 @ROUTER_POLICIES.register("least_loaded")
-class LeastLoadedPolicy:
+class LeastLoadedPolicy(RouterPolicy):
     """Least outstanding work in tokens: queued prefill tokens + decode work (not request count)."""
 
     name = "least_loaded"
@@ -36,7 +37,7 @@ class LeastLoadedPolicy:
 
 
 @ROUTER_POLICIES.register("cost_aware")
-class CostAwarePolicy:
+class CostAwarePolicy(RouterPolicy):
     """Lowest predicted TTFT on the critical path, among workers within the hot-spot skew limit.
 
     Weighs cache reuse (shorter prefill) against load (longer queue) through the
@@ -75,6 +76,7 @@ class LearnedCostAwarePolicy(CostAwarePolicy):
     """
 
     name = "learned_cost_aware"
+    learned = True
 
     def score_s(self, ctx: PolicyContext) -> np.ndarray:
         """Calibrated P50 TTFT when available, else the composed predicted TTFT."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcost.core.types import WorkerSnapshot
-from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext, random_among_ties
+from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext, RouterPolicy, random_among_ties
 
 #: Credit per GPU (device) overlap block; ``overlap_score_credit`` in config.rs (valid range [0, 1]).
 DEFAULT_OVERLAP_SCORE_CREDIT = 1.0
@@ -105,7 +105,7 @@ def _check_unit(name: str, value: float) -> None:
 
 
 @ROUTER_POLICIES.register("dynamo_kv")
-class DynamoKvPolicy:
+class DynamoKvPolicy(RouterPolicy):
     """NVIDIA Dynamo KV router: lowest overlap-credited block cost (ai-dynamo/dynamo, see module docstring).
 
     Rule, per candidate i (block size B = ``request.namespace.block_size_tokens``)::
@@ -190,6 +190,7 @@ class DynamoKvPolicy:
             "disk": disk_cache_hit_weight,
             "remote": shared_cache_multiplier,
         }
+        super().__init__(seed=seed)
         self._rng = np.random.default_rng(seed)
 
     def costs(self, ctx: PolicyContext) -> DynamoCosts:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext, random_among_ties
+from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext, RouterPolicy, random_among_ties
 
 #: prefix-cache-scorer weight in the default profile (epplib ``default-plugins.yaml``).
 DEFAULT_PREFIX_CACHE_WEIGHT = 3.0
@@ -59,7 +59,7 @@ def queue_scores(waiting_requests: np.ndarray) -> np.ndarray:
 
 
 @ROUTER_POLICIES.register("llmd_default")
-class LlmdDefaultPolicy:
+class LlmdDefaultPolicy(RouterPolicy):
     """llm-d default profile: highest weighted sum of prefix-cache, queue and KV-utilisation scores.
 
     Rule, per candidate pod i::
@@ -115,6 +115,7 @@ class LlmdDefaultPolicy:
         self.prefix_cache_weight = prefix_cache_weight
         self.queue_weight = queue_weight
         self.kv_cache_utilization_weight = kv_cache_utilization_weight
+        super().__init__(seed=seed)
         self._rng = np.random.default_rng(seed)
 
     def scores(self, ctx: PolicyContext) -> LlmdScores:

@@ -24,7 +24,7 @@ import numpy as np
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.links import NETWORK
 from kvcost.core.types import WorkerSnapshot
-from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext, argmin_stable
+from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyContext, RouterPolicy, argmin_stable
 
 #: Ratio best / local prefix above which an instance fetches the best prefix. The paper
 #: names ``kvcache_balancing_threshold`` but publishes no value; 1.0 (fetch whenever a
@@ -68,7 +68,7 @@ def queue_time_s(step_model: StepTimeModel, snapshot: WorkerSnapshot) -> float:
 
 
 @ROUTER_POLICIES.register("mooncake_conductor")
-class MooncakeConductorPolicy:
+class MooncakeConductorPolicy(RouterPolicy):
     """Mooncake Conductor: lowest estimated TTFT = transfer + queue + prefill (FAST 2025, Algorithm 1).
 
     Rule, per candidate i (L_i = its reusable tokens, B = max_j L_j held by worker b)::
@@ -113,6 +113,7 @@ class MooncakeConductorPolicy:
         transfer_bytes_per_s: > 0.
         transfer_setup_s: ≥ 0.
         fetch_remote_prefix: use the fetch branch of Algorithm 1.
+        seed: unused (no tie is broken at random); accepted like every policy's.
 
     Raises:
         ValueError: an argument out of range (the message names it).
@@ -127,7 +128,9 @@ class MooncakeConductorPolicy:
         transfer_bytes_per_s: float = DEFAULT_TRANSFER_BYTES_PER_S,
         transfer_setup_s: float = DEFAULT_TRANSFER_SETUP_S,
         fetch_remote_prefix: bool = False,
+        seed: int = DEFAULT_SEED,
     ) -> None:
+        super().__init__(seed=seed)
         if not kvcache_balancing_threshold >= 0:
             raise ValueError(f"kvcache_balancing_threshold = {kvcache_balancing_threshold}, expected ≥ 0")
         if not transfer_bytes_per_s > 0:

@@ -24,7 +24,7 @@ import numpy as np
 
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import WorkerSnapshot
-from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext
+from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyContext, RouterPolicy
 from kvcost.routing.routed_index import RoutedPrefixIndex
 
 #: History window H in seconds: ``SlidingWindowHistogram(window_duration=timedelta(minutes=3))``
@@ -70,7 +70,7 @@ def decode_step_s(step_model: StepTimeModel, snapshot: WorkerSnapshot, input_tok
 
 
 @ROUTER_POLICIES.register("preble_e2")
-class PrebleE2Policy:
+class PrebleE2Policy(RouterPolicy):
     """Preble E2: exploit a GPU holding the prefix when it covers most of the prompt, else explore by cost.
 
     Source: Preble (ICLR 2025) §3 and WukLab/preble
@@ -127,6 +127,7 @@ class PrebleE2Policy:
         window_s: > 0 seconds.
         expected_output_tokens: ≥ 0 tokens.
         kv_capacity_blocks: ≥ 1 blocks per GPU, or None for the nominal capacity.
+        seed: unused (Preble breaks no tie at random); accepted like every policy's.
 
     Raises:
         ValueError: an argument out of range (the message names it).
@@ -142,7 +143,9 @@ class PrebleE2Policy:
         window_s: float = DEFAULT_WINDOW_S,
         expected_output_tokens: int = DEFAULT_EXPECTED_OUTPUT_TOKENS,
         kv_capacity_blocks: int | None = None,
+        seed: int = DEFAULT_SEED,
     ) -> None:
+        super().__init__(seed=seed)
         if not window_s > 0:
             raise ValueError(f"window_s = {window_s}, expected > 0")
         if expected_output_tokens < 0:

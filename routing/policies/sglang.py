@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvcost.routing.policies.base import ROUTER_POLICIES, PolicyContext
+from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyContext, RouterPolicy
 from kvcost.routing.routed_index import RoutedPrefixIndex
 
 #: ``--cache-threshold`` (smg router_args.py): minimum prefix match rate for cache routing.
@@ -49,7 +49,7 @@ def inflight_requests(ctx: PolicyContext) -> np.ndarray:
 
 
 @ROUTER_POLICIES.register("sglang_cache_aware")
-class SGLangCacheAwarePolicy:
+class SGLangCacheAwarePolicy(RouterPolicy):
     """SGLang router ``cache_aware``: shortest queue when imbalanced, else approximate-tree affinity.
 
     Source: lightseekorg/smg ``src/policies/cache_aware.rs`` and ``src/policies/tree.rs``
@@ -108,6 +108,7 @@ class SGLangCacheAwarePolicy:
         eviction_interval_s: > 0 seconds.
         max_tree_size_tokens: ≥ 0 tokens per worker.
         low_match_target: one of :data:`LOW_MATCH_TARGETS`.
+        seed: unused (no tie is broken at random); accepted like every policy's.
 
     Raises:
         ValueError: an argument out of range (the message names it).
@@ -126,7 +127,9 @@ class SGLangCacheAwarePolicy:
         eviction_interval_s: float = DEFAULT_EVICTION_INTERVAL_S,
         max_tree_size_tokens: int = DEFAULT_MAX_TREE_SIZE_TOKENS,
         low_match_target: str = "min_load",
+        seed: int = DEFAULT_SEED,
     ) -> None:
+        super().__init__(seed=seed)
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold = {cache_threshold}, expected a value in [0, 1]")
         if balance_abs_threshold < 0:

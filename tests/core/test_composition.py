@@ -53,3 +53,13 @@ def test_term_predictions_ttft_and_matrix():
     assert m.shape == (2, len(TERMS) + 1) == (2, 6)
     assert m[1].tolist() == pytest.approx([0.03, 0.0, 0.05, 0.18, 0.001, 0.231])
     assert TERMS == ("queue", "lookup", "transfer", "prefill", "first_token")
+
+
+def test_term_predictions_compose_ttft_once_at_construction():
+    zeros = np.zeros(2)
+    p = TermPredictions(np.array([0.25, 0.125]), zeros, np.array([0.0, 0.5]), np.array([0.25, 0.125]), zeros)
+    assert p.ttft_s is p.ttft_s  # a field, not recomposed on every read
+    assert p.ttft_s.tolist() == [0.5, 0.625]  # max(Q, X) + P
+    assert p.take(np.array([1])).ttft_s.tolist() == [0.625]
+    with pytest.raises(TypeError, match="ttft_s"):
+        TermPredictions(zeros, zeros, zeros, zeros, zeros, ttft_s=zeros)

@@ -19,6 +19,14 @@ def test_duplicate_name_is_an_error():
     assert reg.get("a") == 1
 
 
+def test_items_keep_registration_order_while_names_are_sorted():
+    reg: Registry = Registry("thing")
+    reg.add("b", 1)
+    reg.add("a", 2)
+    assert reg.items() == [("b", 1), ("a", 2)]
+    assert reg.names() == list(reg) == ["a", "b"]
+
+
 def test_unknown_name_lists_known():
     reg: Registry = Registry("thing")
     reg.add("b", 1)

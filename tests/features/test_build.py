@@ -5,7 +5,7 @@ import pytest
 
 from kvcost.core.links import LinkSpec
 from kvcost.core.types import DirectoryMatch, Namespace, ReusePlan, RouteRequest
-from kvcost.features.build import build_features
+from kvcost.features.build import build_features, feature_columns
 from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 
@@ -150,3 +150,16 @@ def test_mismatched_lengths_raise(case):
     snapshots, matches, _, models = case
     with pytest.raises(ValueError):
         build(snapshots, matches, [512], models)
+
+
+def test_feature_columns_are_named_arrays_over_candidates_that_stack_into_the_matrix(case):
+    snapshots, matches, reusable, models = case
+    columns = feature_columns(REQUEST, snapshots, matches, reusable, models, NominalCosts())
+    assert list(columns) == list(FEATURE_NAMES)  # every feature of the one schema, in its order
+    assert all(column.shape == (2,) for column in columns.values())
+    assert columns["request_blocks"].tolist() == [2, 2]
+    assert columns["kv_available_blocks"].tolist() == [6.0, 0.0]  # 8 − round(0.25 × 8); the idle worker has 0
+    assert columns["kv_deficit_blocks"].tolist() == [1.0, 0.0]  # 5 queued + 2 own − 6 available; no capacity: 0
+    assert columns["recent_step_ratio"].tolist() == [1.25, 1.0]  # 0.02 / 0.016; no nominal: 1
+    x = build(*case)
+    assert all(np.array_equal(x[:, FEATURE_INDEX[name]], column) for name, column in columns.items())

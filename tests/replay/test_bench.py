@@ -17,11 +17,13 @@ _SCRIPT = """
 import json, time
 from kvcost.data.traces import load_trace
 from kvcost.replay.config import ClusterConfig
-from kvcost.replay.experiment import run_experiment
+from kvcost.replay.experiment import CONFIGURATIONS, configure, replay, study_summary
 from kvcost.replay.settings import DEFAULT_RATE_SCALE
 t0 = time.perf_counter()
 trace = load_trace("mooncake-conversation", rate_scale=DEFAULT_RATE_SCALE)
-summary, _ = run_experiment(trace, ClusterConfig())
+base = ClusterConfig()
+results = {arm.name: replay(trace, configure(base, arm)) for arm in CONFIGURATIONS}
+summary = study_summary(results, base.workers)
 print(json.dumps({"requests": len(trace), "wall_s": time.perf_counter() - t0,
                   "p99": {k: v["ttft_p99_s"] for k, v in summary["configs"].items()}}))
 """

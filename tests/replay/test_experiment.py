@@ -4,7 +4,7 @@ import numpy as np
 
 from kvcost.data.traces import load_trace
 from kvcost.replay.config import ClusterConfig
-from kvcost.replay.experiment import CONFIGURATIONS, configure, replay, run_experiment
+from kvcost.replay.experiment import CONFIGURATIONS, configure, replay, study_summary
 from kvcost.replay.settings import DEFAULT_RATE_SCALE
 
 
@@ -28,7 +28,9 @@ def test_tiered_replay_composes_ttft_on_the_critical_path_and_uses_every_source(
 
 def test_no_completed_request_gives_a_diagnosis_line_not_a_crash():
     trace = load_trace("mooncake-conversation", rate_scale=DEFAULT_RATE_SCALE, duration_s=60.0)
-    summary, results = run_experiment(trace, ClusterConfig(kv_capacity_blocks=1))
+    base = ClusterConfig(kv_capacity_blocks=1)
+    results = {arm.name: replay(trace, configure(base, arm)) for arm in CONFIGURATIONS}
+    summary = study_summary(results, base.workers)
     assert all(r.requests.empty for r in results.values())
     assert summary["configs"]["cost_aware"]["rejected"] == len(trace)
     assert summary["diagnosis"] == [

@@ -26,10 +26,10 @@ def test_logged_features_rebuild_from_decision_time_state():
     captured = {}
     route = sim.router.route
 
-    def capturing_route(request, snapshots, now_s, true_ttft_s=None):
+    def capturing_route(request, snapshots, now_s):
         matches = sim.directory.match(request.namespace, request.block_hashes, [s.worker_id for s in snapshots], now_s)
         captured[request.request_id] = (request, copy.deepcopy(list(snapshots)), matches)
-        return route(request, snapshots, now_s, true_ttft_s)
+        return route(request, snapshots, now_s)
 
     sim.router.route = capturing_route
     result = sim.run(trace)

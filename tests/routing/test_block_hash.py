@@ -234,3 +234,11 @@ def test_block_hashes_chain_prefixes_and_separate_adapters_and_salts():
     assert block_hashes_for(tokens[:7], 8, NS) == ()
     with pytest.raises(ValueError, match="block_size_tokens = 0"):
         block_hashes_for(tokens, 0, NS)
+
+
+def test_block_hashes_for_takes_the_salt_beside_an_unsalted_namespace():
+    tokens = list(range(40))
+    lora = Namespace("m", adapter="sql-lora")
+    salted = block_hashes_for(tokens, 8, Namespace("m", adapter="sql-lora", cache_salt="tenant-1"))
+    assert block_hashes_for(tokens, 8, lora, cache_salt="tenant-1") == salted
+    assert block_hashes_for(tokens, 8, lora, cache_salt="") == block_hashes_for(tokens, 8, lora) != salted

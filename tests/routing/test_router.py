@@ -15,7 +15,7 @@ from kvcost.core.types import Namespace, ReusePlan, RouteRequest
 from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.routing.directory import CacheDirectory
-from kvcost.routing.router import Router, RouterSettings, load_tokens
+from kvcost.routing.router import NoCompatibleCandidate, Router, RouterSettings, compatible_candidates, load_tokens
 
 NS = Namespace("linear", block_size_tokens=512)
 
@@ -269,3 +269,18 @@ def test_incompatible_layouts_are_never_reused_and_other_models_are_filtered(mak
 def test_transfers_need_tiers():
     with pytest.raises(ValueError, match="transfers = True needs tiers = True"):
         RouterSettings(transfers=True)
+
+
+def test_the_router_owns_the_compatibility_filter(make_router, make_snapshot):
+    router = make_router()
+    other = make_snapshot(3, namespace=Namespace("other-model", block_size_tokens=512))
+    assert compatible_candidates(NS, [make_snapshot(0), other]) == [make_snapshot(0)]
+    both = [make_snapshot(0), make_snapshot(1)]
+    assert compatible_candidates(NS, both) is both  # all serve it: the same list, no copy
+    with pytest.raises(NoCompatibleCandidate) as err:
+        router.route(request(1024, [1, 2]), [other], now_s=0.0)
+    assert isinstance(err.value, ValueError)
+    assert str(err.value) == (
+        "no candidate serves namespace model='linear' revision='main' adapter='' block_size_tokens=512: "
+        f"candidates' namespaces are {[str(other.namespace)]}"
+    )

@@ -490,6 +490,17 @@ def test_candidates_that_cannot_serve_the_namespace_are_left_out(client):
     assert "no candidate serves namespace model='m'" in response.text and "candidates" in response.text
 
 
+def test_snapshot_sources_stay_with_their_workers_when_the_router_leaves_a_candidate_out(client):
+    assert client.post("/v1/workers/2/snapshot", json={}, headers=AUTH).status_code == 200
+    other = {"model": "other-model", "block_size_tokens": BLOCK}
+    candidates = [{"worker_id": 0, "snapshot": {"namespace": other}}, {"worker_id": 1, "snapshot": {}}]
+    response = client.post("/v1/route", json=make_body(candidates=[*candidates, {"worker_id": 2}]), headers=AUTH)
+    assert response.status_code == 200, response.text
+    out = response.json()
+    assert [(c["worker_id"], c["snapshot"]) for c in out["candidates"]] == [(1, "inline"), (2, "pushed")]
+    assert out["request_blocks"] == 100 // BLOCK == 6  # from the request, not read back out of the features
+
+
 @pytest.mark.parametrize("tiers", [False, True])
 def test_tiers_price_cpu_resident_prefixes_at_their_load_time(tmp_path, tiers):
     with TestClient(create_app(settings_for(tmp_path, tiers=tiers))) as c:

@@ -1,6 +1,8 @@
 """Benchmarks of the scoring path (``make bench``; not run by default): printed, not asserted.
 
 * in-process ``Router.route``: 16 candidates, 8,192-token requests, 10,000 decisions;
+* in-process ``ScoringService.route`` (what ``POST /v1/route`` runs after parsing the body): 32
+  candidates with inline snapshots, block hashes given, 5,000 decisions;
 * vLLM-compatible token hashing of one 8,192-token prompt, per ``--prefix-caching-hash-algo``;
 * ``POST /v1/route`` on a real uvicorn process at 200 requests/s from a loopback
   load generator (httpx clients in threads, open loop: each request is sent at
@@ -23,6 +25,9 @@ from kvcost.core.types import Namespace, RouteRequest, WorkerSnapshot
 from kvcost.routing.block_hash import HASH_ALGORITHMS, BlockHasher, PrefixHashCache, block_hashes_for
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.router import Router, RouterSettings
+from kvcost.serving.schemas import ScoreRequestIn
+from kvcost.serving.service import ScoringService
+from kvcost.serving.settings import ServiceSettings
 from tests.serving.test_api_process import AUTH, Server
 
 pytestmark = pytest.mark.bench
@@ -90,6 +95,41 @@ def test_bench_router_route_in_process():
         router.route(request, snapshots, now_s=1.0)
         times[k] = time.perf_counter() - t0
     print(f"\nbench: Router.route, {N_CANDIDATES} candidates, {INPUT_TOKENS}-token requests, 10,000 decisions: ")
+    print(f"  {_percentiles_ms(times)}")
+
+
+def test_bench_service_route_in_process_32_candidates(tmp_path):
+    n_candidates, decisions = 32, 5_000
+    rng = np.random.default_rng(0)
+    ns = Namespace("llama-3-8b", block_size_tokens=BLOCK)
+    hashes = [block_hashes_for(rng.integers(0, 128_000, INPUT_TOKENS).tolist(), BLOCK, ns) for _ in range(64)]
+    settings = ServiceSettings(db_path=tmp_path / "log.duckdb", segment_roll_interval_s=0)
+    service = ScoringService(settings, clock=lambda: 1.0, model_loader=None)
+    service.start()
+    try:
+        for i, h in enumerate(hashes):  # every prompt's prefix on two workers, to various depths
+            for worker in (i % n_candidates, (i * 7) % n_candidates):
+                service.directory.apply_stored(ns, worker, h[: 1 + i % len(h)], None, "gpu", 0.0)
+        candidates = [{"worker_id": w, "snapshot": _snapshot_fields(rng, w)} for w in range(n_candidates)]
+        namespace = {"model": ns.model, "block_size_tokens": BLOCK}
+        bodies = [
+            ScoreRequestIn.model_validate(
+                {
+                    "request": {"request_id": k, "namespace": namespace, "block_hashes": list(hashes[k % 64])}
+                    | {"input_tokens": INPUT_TOKENS},
+                    "candidates": candidates,
+                }
+            )
+            for k in range(decisions)
+        ]
+        times = np.empty(decisions)
+        for k, body in enumerate(bodies):
+            t0 = time.perf_counter()
+            service.route(body)
+            times[k] = time.perf_counter() - t0
+    finally:
+        service.stop()
+    print(f"\nbench: ScoringService.route, {n_candidates} candidates, {INPUT_TOKENS}-token requests, {decisions:,}:")
     print(f"  {_percentiles_ms(times)}")
 
 

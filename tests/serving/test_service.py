@@ -5,6 +5,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from kvcost.routing.policies import ROUTER_POLICIES
+from kvcost.routing.policies.basic import LeastLoadedPolicy
 from kvcost.serving.api import create_app
 from kvcost.serving.metrics import ServiceMetrics, reason_kind
 from kvcost.serving.settings import ServiceSettings, is_loopback
@@ -38,6 +40,23 @@ def test_settings_refuse_open_non_loopback_and_bad_names(tmp_path):
         ServiceSettings(db_path=db, gpu_default="tpu")
     with pytest.raises(ValidationError, match="model = 'gpt'"):
         ServiceSettings(db_path=db, model="gpt")
+
+
+def test_settings_refuse_a_replay_only_policy_because_of_its_flag(monkeypatch, tmp_path):
+    db = tmp_path / "log.duckdb"
+    usable = [n for n in ROUTER_POLICIES.names() if n != "oracle"]
+    with pytest.raises(ValidationError) as err:
+        ServiceSettings(db_path=db, policy="oracle")
+    assert err.value.errors()[0]["ctx"]["error"].args == (
+        f"policy = 'oracle', expected one of {', '.join(usable)} (replay-only: it needs the simulator's truth)",
+    )
+    with pytest.raises(ValidationError) as err:
+        ServiceSettings(db_path=db, policy="nope")
+    assert err.value.errors()[0]["ctx"]["error"].args == (f"policy = 'nope', expected one of {', '.join(usable)}",)
+    assert ServiceSettings(db_path=db, policy="least_loaded").policy == "least_loaded"
+    monkeypatch.setattr(LeastLoadedPolicy, "replay_only", True)  # the flag, not the name, decides
+    with pytest.raises(ValidationError, match="policy = 'least_loaded', expected one of aibrix_prefix_cache, cost_aw"):
+        ServiceSettings(db_path=db, policy="least_loaded")
 
 
 def test_decision_store_is_a_bounded_lru(tmp_path):

@@ -1,0 +1,113 @@
+"""Tests for kvcost.replay.runner: the arms, the learned arm's model source, input checks, the benchmark's policies."""
+
+import json
+import logging
+
+import pytest
+from typer.testing import CliRunner
+
+from kvcost.cli import app
+from kvcost.replay.online import OnlineSettings
+from kvcost.replay.runner import LearnedSetup, _learned_model, bench_policies, experiment_arms, prepare
+
+runner = CliRunner()
+
+
+def _prepare(tmp_path, **overrides):
+    options = {
+        "workers": 2,
+        "fleet": None,
+        "slowdowns": (),
+        "start_s": 0.0,
+        "duration_s": 20.0,
+        "rate_scale": 0.55,
+        "skip_bad_lines": False,
+        "out": tmp_path / "out",
+        "db": tmp_path / "log.duckdb",
+    }
+    return prepare("mooncake-conversation", **{**options, **overrides})
+
+
+def test_experiment_arms_are_the_four_configurations_and_the_learned_arm_on_request():
+    assert [(a.name, a.policy, a.cache_enabled, a.tiered) for a in experiment_arms()] == [
+        ("balanced_nocache", "least_loaded", False, False),
+        ("balanced_cache", "least_loaded", True, False),
+        ("cost_aware", "cost_aware", True, False),
+        ("cost_aware_tiered", "cost_aware", True, True),
+    ]
+    learned = experiment_arms(learned=True)
+    assert [a.name for a in learned[:4]] == [a.name for a in experiment_arms()]
+    assert (learned[4].name, learned[4].policy, learned[4].cache_enabled) == (
+        "learned_cost_aware",
+        "learned_cost_aware",
+        True,
+    )
+
+
+def test_learned_model_with_an_empty_registry_falls_back_and_says_so(tmp_path, caplog):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with caplog.at_level(logging.WARNING, logger="kvcost.replay.runner"):
+        model, note = _learned_model(LearnedSetup(mlflow_uri=uri))
+    assert model is None
+    assert note == f"fallback to analytic: no kvcost-terms version with alias 'champion' at {uri}"
+    assert [r.getMessage() for r in caplog.records if r.name == "kvcost.replay.runner"] == [
+        f"learned_cost_aware falls back to the analytic model: no kvcost-terms version with alias 'champion' at {uri}"
+    ]
+
+
+def test_learned_model_online_names_the_retraining_period():
+    model, note = _learned_model(LearnedSetup(online=OnlineSettings(retrain_every_s=120.0)))
+    assert model is None
+    assert note == "online: analytic at start, LightGBM retrained every 120 s"
+
+
+def test_experiment_learned_with_an_empty_registry_runs_and_says_it_fell_back(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "out"
+    args = ["experiment", "--duration-s", "20", "--learned", "--mlflow-uri", uri]
+    result = runner.invoke(app, [*args, "--out", str(out), "--db", str(tmp_path / "log.duckdb")])
+    assert result.exit_code == 0, result.output
+    message = f"fallback to analytic: no kvcost-terms version with alias 'champion' at {uri}"
+    assert f"learned_cost_aware: {message}" in " ".join(result.output.split())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["learned_model"] == message
+    assert sorted(summary["configs"]) == [
+        "balanced_cache",
+        "balanced_nocache",
+        "cost_aware",
+        "cost_aware_tiered",
+        "learned_cost_aware",
+    ]
+    # no champion: the learned arm routes exactly as cost_aware does
+    assert summary["configs"]["learned_cost_aware"] == summary["configs"]["cost_aware"]
+    assert summary["attribution"]["learned_gain_p99_s"] == 0.0
+
+
+def test_prepare_refuses_a_warmup_past_the_last_arrival_and_an_out_that_is_a_file(tmp_path):
+    with pytest.raises(ValueError, match=r"warmup_s = 1e\+06, expected less than the last arrival \("):
+        _prepare(tmp_path, warmup_s=1e6)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="out = '.*file' is a file, expected a folder"):
+        _prepare(tmp_path, out=tmp_path / "file")
+    spec = _prepare(tmp_path)
+    assert (spec.config.workers, spec.out, spec.db) == (2, tmp_path / "out", tmp_path / "log.duckdb")
+    assert not spec.out.exists()  # nothing is written before execute
+
+
+def test_bench_policies_default_order_and_unknown_name():
+    assert bench_policies(None) == [
+        "round_robin",
+        "least_loaded",
+        "sglang_cache_aware",
+        "dynamo_kv",
+        "llmd_default",
+        "aibrix_prefix_cache",
+        "preble_e2",
+        "mooncake_conductor",
+        "cost_aware",
+        "learned_cost_aware",
+        "oracle",
+    ]
+    assert bench_policies(["oracle", "cost_aware"]) == ["oracle", "cost_aware"]
+    with pytest.raises(KeyError, match="unknown router policy 'nope'; expected one of: aibrix_prefix_cache"):
+        bench_policies(["nope"])

@@ -1,0 +1,83 @@
+"""Tests for kvcost.routing.policies.base: the base class's flags and no-op hooks, make_policy, the replay's truth."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from kvcost.replay.config import ClusterConfig
+from kvcost.replay.simulator import ClusterSimulator
+from kvcost.routing.directory import CacheDirectory
+from kvcost.routing.policies import DEFAULT_SEED, ROUTER_POLICIES, RouterPolicy, make_policy
+from kvcost.routing.policies.basic import LeastLoadedPolicy
+from kvcost.routing.router import Router, RouterSettings
+from tests.replay.test_simulator import busy_trace
+from tests.routing.policies.test_basic import context
+
+
+def test_every_registered_policy_is_a_router_policy_and_the_flags_name_oracle_and_learned():
+    assert all(issubclass(ROUTER_POLICIES.get(name), RouterPolicy) for name in ROUTER_POLICIES)
+    assert [n for n in ROUTER_POLICIES if ROUTER_POLICIES.get(n).replay_only] == ["oracle"]
+    assert [n for n in ROUTER_POLICIES if ROUTER_POLICIES.get(n).learned] == ["learned_cost_aware"]
+    assert (RouterPolicy.name, RouterPolicy.replay_only, RouterPolicy.learned) == ("base", False, False)
+
+
+def test_the_base_hooks_do_nothing_and_choose_is_abstract(make_snapshot):
+    policy = RouterPolicy()
+    ctx = context(make_snapshot, [0.1, 0.2], [0.0, 0.0])
+    assert policy.on_routed(ctx, 0) is None
+    assert policy.attach_truth(lambda c: np.zeros(2)) is None
+    with pytest.raises(NotImplementedError):
+        policy.choose(ctx)
+
+
+def test_make_policy_passes_the_seed_and_the_policys_own_parameters():
+    assert DEFAULT_SEED == 0
+    assert [make_policy(name).seed for name in ROUTER_POLICIES] == [0] * len(ROUTER_POLICIES.names())
+    assert make_policy("round_robin", 7).seed == 7
+    assert make_policy("preble_e2", seed=3, kv_capacity_blocks=100).kv_capacity_blocks == 100
+    # the seed drives the random tie-breaks: same seed, same stream
+    assert make_policy("dynamo_kv", 5)._rng.integers(1 << 30) == np.random.default_rng(5).integers(1 << 30)
+    with pytest.raises(TypeError, match="window_s"):
+        make_policy("cost_aware", window_s=1.0)
+
+
+def test_make_policy_with_an_unknown_name_names_the_known_ones():
+    with pytest.raises(KeyError) as err:
+        make_policy("nope", 1)
+    assert err.value.args[0] == f"unknown router policy 'nope'; expected one of: {', '.join(ROUTER_POLICIES.names())}"
+
+
+def test_the_router_calls_on_routed_of_any_policy_after_its_choice(monkeypatch):
+    routed = []
+    monkeypatch.setattr(LeastLoadedPolicy, "on_routed", lambda self, ctx, index: routed.append((ctx, index)))
+    config = ClusterConfig(fleet=("a100", "a100"), router=RouterSettings(policy="least_loaded"))
+    trace = busy_trace()
+    ClusterSimulator(config, trace.block_size_tokens).run(trace)
+    assert [ctx.request.request_id for ctx, _ in routed] == [r.request_id for r in trace.requests]
+    assert {index for _, index in routed} <= {0, 1}
+
+
+def test_the_simulator_gives_the_oracle_its_truth_and_the_oracle_follows_it():
+    config = ClusterConfig(fleet=("a100", "a100"), router=RouterSettings(policy="oracle"), jitter_sigma=0.0)
+    trace = busy_trace()
+    sim = ClusterSimulator(config, trace.block_size_tokens)
+    asked = []
+    truth = sim.router.policy._truth_s
+    sim.router.policy.attach_truth(lambda ctx: asked.append(ctx.request.request_id) or truth(ctx))
+    result = sim.run(trace)
+    assert asked == [r.request_id for r in trace.requests]
+    assert len(result.requests) == len(trace.requests)
+
+
+def test_a_learned_policy_without_a_learned_model_warns_once_because_of_its_flag(monkeypatch, caplog):
+    step_models = {"a100": ClusterSimulator(ClusterConfig(fleet=("a100",)), 16).step_models["a100"]}
+    assert Router(CacheDirectory(), step_models, RouterSettings(policy="least_loaded")).fallbacks == 0
+    monkeypatch.setattr(LeastLoadedPolicy, "learned", True)
+    with caplog.at_level(logging.WARNING, logger="kvcost.routing.router"):
+        router = Router(CacheDirectory(), step_models, RouterSettings(policy="least_loaded"))
+        router.set_cost_model(None)
+    assert router.fallbacks == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "kvcost.routing.router"] == [
+        "least_loaded has no learned model: routing with the analytic model"
+    ]
