@@ -97,7 +97,8 @@ def feature_columns(
     available = capacity - np.rint(snap["kv_usage"] * capacity)
     deficit = np.where(capacity != 0, np.maximum(0.0, snap["waiting_prompt_blocks"] + blocks - available), 0.0)
     nominal = snap["recent_step_nominal_s"]
-    ratio = np.divide(snap["recent_step_s"], nominal, out=np.ones(n), where=nominal > 0)
+    with np.errstate(over="ignore"):  # a tiny nominal step gives inf, as Python's float division does
+        ratio = np.divide(snap["recent_step_s"], nominal, out=np.ones(n), where=nominal > 0)
     block_bytes = np.array([m.model.kv_bytes_per_token * block_size for m in models], dtype=np.int64)
     load_bytes, disk_bytes, transfer_bytes, conversion = _plan_columns(plans, n, block_bytes)
     per_candidate = (uncached, reuse, deficit, load_bytes, disk_bytes, transfer_bytes, conversion)
