@@ -188,13 +188,19 @@ def _plateau(known: dict[float, float], below: list[float]) -> bool:
 
 
 def calibrate_load_levels(
-    trace: str, workers: int, duration_s: float | None, seed: int, start: float | None = None
+    trace: str,
+    workers: int,
+    duration_s: float | None,
+    seed: int,
+    start: float | None = None,
+    targets: dict[str, float] | None = None,
 ) -> dict[str, Calibration]:
     """Rate scales at which ``least_loaded`` on ``workers`` A100s measures each :data:`TARGET_UTILISATION`.
 
     Levels are found in increasing order, each reusing the replays of the ones
     before (one shared scale → utilisation table). The search starts at
-    ``start`` (default ``workers / 4``: the trace as recorded on 4 workers).
+    ``start`` (default ``workers / 4``: the trace as recorded on 4 workers);
+    ``targets`` defaults to :data:`TARGET_UTILISATION`.
     """
     start = workers / 4 if start is None else start
     known: dict[float, float] = {}
@@ -204,7 +210,7 @@ def calibrate_load_levels(
         return float(run_cell(cell, trace, duration_s, seed, False)["utilisation"])
 
     found: dict[str, Calibration] = {}
-    for load, target in TARGET_UTILISATION.items():
+    for load, target in (targets or TARGET_UTILISATION).items():
         scale, utilisation, replays = bisect_rate_scale(measure, target, start, known)
         ok = abs(utilisation - target) <= UTILISATION_TOLERANCE
         found[load] = Calibration(load, target, workers, scale, utilisation, replays, ok)
