@@ -25,6 +25,7 @@ from rich.table import Table
 
 from kvcost.core.hardware import MODELS
 from kvcost.data.traces import BUNDLED_TRACES, TraceFormatError
+from kvcost.data.workloads import write_workload
 from kvcost.replay.experiment import Configuration
 from kvcost.replay.online import OnlineSettings
 from kvcost.replay.outputs import comparison_rows
@@ -47,7 +48,7 @@ err_console = Console(stderr=True, soft_wrap=True)
 #: balanced, cache-off configuration runs at ~81 % utilisation (measured, see README).
 DEFAULT_RATE_SCALE = 0.55
 
-TraceOpt = Annotated[str, typer.Option(help=f"Bundled trace ({', '.join(BUNDLED_TRACES)}) or a path.")]
+TraceOpt = Annotated[str, typer.Option(help=f"Bundled trace ({', '.join(BUNDLED_TRACES)}), gen:<shape> or a path.")]
 WorkersOpt = Annotated[int, typer.Option(min=1, help="Number of workers (ignored when --fleet is given).")]
 FleetOpt = Annotated[str | None, typer.Option(help="GPU mix, e.g. 'a100:2,h100:2' (default: --workers × a100).")]
 RateOpt = Annotated[float, typer.Option(help="Arrival times are divided by this (2 = twice the load).")]
@@ -586,6 +587,12 @@ def serve(
         f"kvcost serve on http://{host}:{port} — log {db}, registry {registry}, policy {policy}, {reuse}, {auth}"
     )
     uvicorn.run(api, host=host, port=port, log_level=log_level)
+
+
+@app.command("workload")
+def workload(name: Annotated[str, typer.Argument(help="gen:<shape>[:k=v,...]")], out: Path, seed: SeedOpt = 0) -> None:
+    """Write a generated workload (shared-prefix, multi-turn, agent, mix) as a Mooncake JSONL trace."""
+    console.print(f"{_guard(lambda: write_workload(name, out, seed))} requests → {out}")
 
 
 def _prepare(options: dict) -> RunSpec:

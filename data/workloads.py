@@ -73,6 +73,7 @@ __all__ = [
     "last_block_rule_violations",
     "parse_workload_name",
     "write_mooncake_jsonl",
+    "write_workload",
 ]
 
 #: Requests per generated workload by default (issue 13: ≥ 5,000).
@@ -447,6 +448,17 @@ def write_mooncake_jsonl(records: Iterable[MooncakeRecord], path: Path) -> int:
             f.write(json.dumps(record, separators=(", ", ": ")) + "\n")
             n += 1
     return n
+
+
+def write_workload(name: str, path: Path, seed: int = 0) -> int:
+    """Write generated workload ``name`` (``gen:<shape>[:key=value,...]``; ``seed=`` in it wins over
+    ``seed``) to ``path`` as Mooncake JSONL; returns the number of requests.
+
+    Raises:
+        ValueError, KeyError: as :func:`parse_workload_name`.
+    """
+    shape, params, named_seed = parse_workload_name(name)
+    return write_mooncake_jsonl(generate(shape, params, seed if named_seed is None else named_seed), path)
 
 
 def last_block_rule_violations(

@@ -139,3 +139,14 @@ def test_serve_errors_name_the_option_not_the_settings_field(tmp_path, extra, me
     result = runner.invoke(app, ["serve", "--db", str(tmp_path / "d.duckdb"), *extra])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_workload_writes_a_mooncake_trace_that_replays(tmp_path):
+    path = tmp_path / "agent.jsonl"
+    result = runner.invoke(app, ["workload", "gen:agent:requests=40", str(path), "--seed", "1"])
+    assert result.exit_code == 0 and "40 requests" in result.output
+    assert len(path.read_text().splitlines()) == 40
+    out = tmp_path / "run"
+    args = ["replay", "--trace", str(path), "--policy", "least_loaded", "--out", str(out), "--db", str(tmp_path / "l")]
+    assert runner.invoke(app, args).exit_code == 0
+    assert json.loads((out / "physical_limit.json").read_text())["requests"] == 40
