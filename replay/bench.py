@@ -17,6 +17,7 @@ on ``jobs``.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +32,8 @@ from kvcost.replay.experiment import replay
 from kvcost.replay.metrics import summarise
 from kvcost.replay.online import OnlineSettings
 from kvcost.routing.router import RouterSettings
+
+_log = logging.getLogger(__name__)
 
 #: The production routers kvcost is measured against (DESIGN.md §7), in report order.
 BASELINES: tuple[str, ...] = (
@@ -207,7 +210,9 @@ def calibrate_load_levels(
 
     def measure(scale: float) -> float:
         cell = BenchCell(CALIBRATION_POLICY, "calibration", workers, scale)
-        return float(run_cell(cell, trace, duration_s, seed, False)["utilisation"])
+        utilisation = float(run_cell(cell, trace, duration_s, seed, False)["utilisation"])
+        _log.info("calibrating %s, %d workers: rate scale %.4g → utilisation %.3f", trace, workers, scale, utilisation)
+        return utilisation
 
     found: dict[str, Calibration] = {}
     for load, target in (targets or TARGET_UTILISATION).items():
