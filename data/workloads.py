@@ -31,7 +31,9 @@ Shapes and sources of their defaults
   per-conversation prefix log-normal with mean 1000 and max 5000 tokens,
   questions uniform in [120, 160] tokens, answers uniform in [80, 120] tokens.
   That benchmark is closed-loop (the next turn follows the answer); the think
-  time here (exponential, mean 10 s) is an assumption.
+  time here (exponential, mean 10 s) is an assumption. With 512-token blocks
+  the 500-token common prefix fills no block of its own, so conversations
+  share no full block: reuse is within a conversation.
 * ``agent`` — tool/agent loops sized to the Mooncake FAST'25 tool&agent trace
   (Qin et al., FAST'25, trace table: mean input ≈ 8.6 k tokens, mean output
   ≈ 180 tokens; quoted from memory of the paper): a few long shared tool
