@@ -74,6 +74,7 @@ __all__ = [
     "generate",
     "last_block_rule_violations",
     "parse_workload_name",
+    "sensitivity_names",
     "write_mooncake_jsonl",
     "write_workload",
 ]
@@ -450,6 +451,27 @@ def write_mooncake_jsonl(records: Iterable[MooncakeRecord], path: Path) -> int:
             f.write(json.dumps(record, separators=(", ", ": ")) + "\n")
             n += 1
     return n
+
+
+def sensitivity_names(shape: str, seed: int = 0, factors: Sequence[float] = (0.5, 2.0)) -> list[str]:
+    """``gen:`` names of ``shape`` with each parameter (but ``requests``) × each factor, at ``seed``.
+
+    Issue 13 reports seeds 1 and 2 and every parameter at ×0.5 and ×2. A
+    ``*_min`` / ``*_max`` pair scales together (one range), so it stays ordered;
+    integer parameters are rounded and kept ≥ 1. Every name parses.
+    """
+    defaults = WORKLOADS.get(shape).params()
+    values = {f.name: (getattr(defaults, f.name), f.type) for f in fields(defaults) if f.name != "requests"}
+    names = []
+    for key in values:
+        if "_max" in key and key.replace("_max", "_min") in values:
+            continue
+        group = [key] + ([key.replace("_min", "_max")] if "_min" in key else [])
+        for factor in factors:
+            scaled = {k: values[k][0] * factor for k in group}
+            text = ",".join(f"{k}={max(1, round(v)) if values[k][1] == 'int' else v:g}" for k, v in scaled.items())
+            names.append(f"{GENERATED_PREFIX}{shape}:seed={seed},{text}")
+    return names
 
 
 def write_workload(name: str, path: Path, seed: int = 0) -> int:

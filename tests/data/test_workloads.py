@@ -13,6 +13,7 @@ from kvcost.data.workloads import (
     generate,
     last_block_rule_violations,
     parse_workload_name,
+    sensitivity_names,
     write_mooncake_jsonl,
 )
 
@@ -116,3 +117,13 @@ def test_seed_comes_from_the_name_else_the_run_seed():
     b = load_trace("gen:agent:requests=50,seed=1", spread_seed=0)
     c = load_trace("gen:agent:requests=50", spread_seed=0)
     assert a.requests == b.requests != c.requests
+
+
+def test_sensitivity_names_scale_each_parameter_and_ranges_together():
+    names = sensitivity_names("multi-turn", seed=1)
+    assert names[:2] == [
+        "gen:multi-turn:seed=1,turns_min=6,turns_max=9",
+        "gen:multi-turn:seed=1,turns_min=24,turns_max=36",
+    ]
+    assert len(names) == 2 * 9  # 12 parameters besides requests, 3 min/max ranges scaled as one
+    assert parse_workload_name(names[-1])[1] == MultiTurnParams(conversation_rate_per_s=2.0)
