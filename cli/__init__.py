@@ -25,6 +25,7 @@ from kvcost.cli.replay import replay
 from kvcost.cli.retrain import retrain
 from kvcost.cli.serve import serve
 from kvcost.cli.train import train
+from kvcost.cli.workload import workload
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 app.command()(experiment)
@@ -35,5 +36,6 @@ app.command()(train)
 app.command()(retrain)
 app.add_typer(models_app, name="models")
 app.command()(serve)
+app.command()(workload)
 
 __all__ = ["app"]

@@ -18,7 +18,13 @@ Formats
   ``2023-11-16 18:15:46.6805900``. It has no prefix identity, so every block gets
   a hash unique within the trace.
 
-Use :func:`load_trace`; loaders are registered by name in :data:`TRACE_LOADERS`.
+* generated — ``gen:<shape>[:key=value,...]`` names a seeded synthetic workload
+  (``shared-prefix``, ``multi-turn``, ``agent``, ``mix``; :mod:`kvcost.data.workloads`)
+  drawn in memory as Mooncake records; ``seed=`` in the name, else the load's
+  ``spread_seed`` (the run's ``--seed``), else 0.
+
+Use :func:`load_trace`; loaders are registered by name in :data:`TRACE_LOADERS`,
+generated shapes in :data:`kvcost.data.workloads.WORKLOADS`.
 
 Example
 -------
@@ -42,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from kvcost.core.registry import Registry
+from kvcost.data.workloads import GENERATED_PREFIX, WORKLOADS, generate, parse_workload_name
 
 __all__ = [
     "MISSING",
@@ -54,6 +61,7 @@ __all__ = [
     "TraceRequest",
     "bundled_trace_path",
     "load_azure",
+    "load_generated",
     "load_mooncake",
     "load_trace",
     "parse_azure_timestamp",
@@ -136,8 +144,8 @@ class Trace:
 
     Attributes:
         name: bundled name, or the file stem for a path.
-        source: path of the file read.
-        loader: registered loader name (``"mooncake"`` or ``"azure"``).
+        source: path of the file read, or the ``gen:`` name of a generated workload.
+        loader: registered loader name (``"mooncake"`` or ``"azure"``), or ``"generated"``.
         block_size_tokens: tokens per KV block.
         requests: the kept requests.
         skipped_lines: bad lines skipped (``skip_bad_lines=True``), else 0.
@@ -306,6 +314,26 @@ def load_mooncake(path: Path, block_size_tokens: int = 512, skip_bad_lines: bool
     return _to_raw(kept, lambda ms: ms / 1000.0, skipped)
 
 
+def load_generated(name: str, block_size_tokens: int = 512, seed: int | None = None) -> RawTrace:
+    """Draw the generated workload ``name`` (``gen:<shape>[:key=value,...]``) as a Mooncake trace.
+
+    The workload's seed is ``seed=`` in the name, else ``seed``, else 0. Records
+    are checked exactly as :func:`load_mooncake` checks a file's lines, so a
+    generated trace and its JSONL file load to the same requests.
+
+    Raises:
+        ValueError: bad name, option or parameter; ``block_size_tokens`` ≠ 512.
+        KeyError: unknown shape.
+    """
+    shape, params, named_seed = parse_workload_name(name)
+    chosen = named_seed if named_seed is not None else (seed if seed is not None else 0)
+    records = generate(shape, params, chosen)
+    parse = _mooncake_parser(Path(name), block_size_tokens)
+    lines = ((i + 1, json.dumps(r)) for i, r in enumerate(records))
+    kept, skipped = _collect(Path(name), lines, parse, "timestamp", 0, False)
+    return _to_raw(kept, lambda ms: ms / 1000.0, skipped)
+
+
 # ---------------------------------------------------------------- azure
 
 
@@ -415,6 +443,10 @@ def _check_options(block_size_tokens: int, start_s: float, duration_s: float | N
         raise bad("duration_s", duration_s, "a finite number > 0 (omit it for the rest of the trace)")
 
 
+def _is_generated(trace: str | Path) -> bool:
+    return isinstance(trace, str) and trace.startswith(GENERATED_PREFIX)
+
+
 def _resolve(trace: str | Path, loader: str | None) -> tuple[str, Path, str]:
     """Return (name, path, loader name) for a bundled name or a path."""
     if isinstance(trace, str) and trace in BUNDLED_TRACES:
@@ -422,7 +454,10 @@ def _resolve(trace: str | Path, loader: str | None) -> tuple[str, Path, str]:
     path = Path(trace)
     if not path.is_file():
         known = ", ".join(sorted(BUNDLED_TRACES))
-        raise FileNotFoundError(f"trace {str(trace)!r} is neither a file nor a bundled trace ({known})")
+        shapes = ", ".join(GENERATED_PREFIX + n for n in WORKLOADS.names())
+        raise FileNotFoundError(
+            f"trace {str(trace)!r} is neither a file nor a bundled trace ({known}) nor a generated one ({shapes})"
+        )
     if loader is None:
         loader = _SUFFIX_LOADERS.get(path.suffix.lower())
         if loader is None:
@@ -481,10 +516,11 @@ def load_trace(
     skip_bad_lines: bool = False,
 ) -> Trace:
     """Load a bundled trace (``mooncake-conversation``, ``azure-code``,
-    ``azure-conv``) or a trace file, then spread, window and rate-scale it.
+    ``azure-conv``), a generated workload (``gen:mix`` ...) or a trace file, then
+    spread, window and rate-scale it.
 
     Args:
-        trace: bundled name or path.
+        trace: bundled name, ``gen:<shape>[:key=value,...]`` name, or path.
         loader: registered loader name; ``None`` infers it from the bundled name or
             the suffix (``.jsonl``/``.json`` → mooncake, ``.csv`` → azure).
         block_size_tokens: tokens per KV block (≥ 1; Mooncake traces need 512).
@@ -502,8 +538,12 @@ def load_trace(
         KeyError: unknown ``loader``.
     """
     _check_options(block_size_tokens, start_s, duration_s, rate_scale)
-    name, path, loader_name = _resolve(trace, loader)
-    raw = TRACE_LOADERS.get(loader_name)(path, block_size_tokens, skip_bad_lines)
+    if _is_generated(trace):
+        name, path, loader_name = str(trace), Path(str(trace)), "generated"
+        raw = load_generated(name, block_size_tokens, spread_seed)
+    else:
+        name, path, loader_name = _resolve(trace, loader)
+        raw = TRACE_LOADERS.get(loader_name)(path, block_size_tokens, skip_bad_lines)
     if not raw.requests:
         raise ValueError(f"trace {name!r} ({path}) has no valid requests ({raw.skipped_lines} lines skipped)")
     times, bucket = _spread(np.array([r.arrival_s for r in raw.requests]), spread_seed)

@@ -4,16 +4,20 @@ Each cell replays the same arrivals (same trace window, rate scale and seed)
 with the prefix cache on, under one policy. ``learned_cost_aware`` learns
 online inside its own replay (analytic at first, LightGBM retrained every
 :data:`ONLINE_RETRAIN_S` replay seconds), so no cell depends on a model
-trained on the trace it is measured on. Load levels are rate scales
-calibrated on the bundled conversation trace with ``least_loaded`` so that
-the cluster runs at about 60 %, 80 % and 95 % utilisation (the share of time a
-worker has a request waiting for its first token); each cell reports the
-utilisation it actually measured. Cells run in parallel processes
-(``jobs``); results do not depend on ``jobs``.
+trained on the trace it is measured on. Load levels are rate scales at
+which ``least_loaded`` runs the cluster at about 60 %, 80 % and 95 %
+utilisation (the share of time a worker has a request waiting for its first
+token): constants measured on the bundled conversation trace
+(:data:`LOAD_LEVELS`), and for every other trace found per (trace, cluster
+size) by bisection (:func:`calibrate_load_levels`, within
+:data:`UTILISATION_TOLERANCE`); each cell reports the utilisation it actually
+measured. Cells run in parallel processes (``jobs``); results do not depend
+on ``jobs``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -29,6 +33,8 @@ from kvcost.replay.metrics import summarise
 from kvcost.replay.online import OnlineSettings
 from kvcost.routing.policies import ROUTER_POLICIES
 from kvcost.routing.router import RouterSettings
+
+_log = logging.getLogger(__name__)
 
 #: The production routers kvcost is measured against (DESIGN.md §7), in report order.
 BASELINES: tuple[str, ...] = (
@@ -51,6 +57,18 @@ LOAD_LEVELS: dict[int, dict[str, float]] = {
     4: {"60%": 0.48, "80%": 0.565, "95%": 0.595},
     8: {"60%": 0.98, "80%": 1.15, "95%": 1.19},
 }
+#: Load label → target utilisation of ``least_loaded`` (the calibration policy).
+TARGET_UTILISATION: dict[str, float] = {"60%": 0.60, "80%": 0.80, "95%": 0.95}
+#: Calibration accepts a rate scale whose measured utilisation is within this of the target (±3 points).
+UTILISATION_TOLERANCE = 0.03
+#: The policy whose measured utilisation defines the load levels.
+CALIBRATION_POLICY = "least_loaded"
+#: Traces whose load levels are the constants of :data:`LOAD_LEVELS` (measured on the whole trace).
+CALIBRATED_TRACES: tuple[str, ...] = ("mooncake-conversation",)
+#: Doubling the rate scale must raise the utilisation by more than this, else calibration stops (a plateau).
+PLATEAU_POINTS = 0.005
+#: At most this many replays per (load level, cluster size) while calibrating.
+MAX_CALIBRATION_REPLAYS = 16
 #: ``learned_cost_aware`` cells learn online: they start analytic and retrain every this many replay seconds.
 ONLINE_RETRAIN_S = 300.0
 #: Trace seconds replayed by ``--quick``.
@@ -74,14 +92,146 @@ def rate_scales(workers: int) -> dict[str, float]:
     return {label: scale * workers / 4 for label, scale in LOAD_LEVELS[4].items()}
 
 
-def bench_cells(policies: Sequence[str], sizes: Sequence[int]) -> list[BenchCell]:
-    """The grid, size-major then load then policy."""
+def bench_cells(
+    policies: Sequence[str], sizes: Sequence[int], scales: dict[int, dict[str, float]] | None = None
+) -> list[BenchCell]:
+    """The grid, size-major then load then policy; ``scales`` (workers → load → rate scale)
+    defaults to :func:`rate_scales`."""
     return [
         BenchCell(policy, load, workers, scale)
         for workers in sizes
-        for load, scale in rate_scales(workers).items()
+        for load, scale in (scales[workers] if scales else rate_scales(workers)).items()
         for policy in policies
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The rate scale found for one (load level, cluster size) and what it measured.
+
+    Attributes:
+        load: load label (``"60%"`` ...); target: its utilisation (0.6 ...).
+        workers: cluster size.
+        rate_scale: arrival-rate multiplier found.
+        utilisation: ``least_loaded``'s measured utilisation at ``rate_scale``.
+        replays: replays run for this level (those of lower levels it reused not counted).
+        within_tolerance: ``|utilisation − target| ≤ UTILISATION_TOLERANCE``.
+    """
+
+    load: str
+    target: float
+    workers: int
+    rate_scale: float
+    utilisation: float
+    replays: int
+    within_tolerance: bool
+
+
+def bisect_rate_scale(
+    measure: Callable[[float], float],
+    target: float,
+    start: float,
+    known: dict[float, float] | None = None,
+    tolerance: float = UTILISATION_TOLERANCE,
+    max_replays: int = MAX_CALIBRATION_REPLAYS,
+) -> tuple[float, float, int]:
+    """Find a rate scale whose utilisation ``measure(scale)`` is within ``tolerance`` of ``target``.
+
+    Utilisation grows with the rate scale. The bracket comes from ``known``
+    (scale → utilisation already measured, updated in place) and is widened by
+    halving / doubling from ``start`` until it holds the target; then bisection
+    on log(scale). Stops at the first scale within tolerance; else, with the
+    closest scale seen, after ``max_replays`` calls to ``measure`` or when
+    doubling the scale no longer raises the utilisation by
+    :data:`PLATEAU_POINTS` (a finite trace's drain tail caps it below 1).
+
+    Returns:
+        (rate scale, its utilisation, calls to ``measure``).
+
+    Raises:
+        ValueError: ``start`` ≤ 0 or ``target`` outside (0, 1).
+    """
+    if not (start > 0 and math.isfinite(start)):
+        raise ValueError(f"start = {start!r}, expected a finite rate scale > 0")
+    if not 0 < target < 1:
+        raise ValueError(f"target = {target!r}, expected a utilisation in (0, 1)")
+    known = {} if known is None else known
+    calls = 0
+
+    def best() -> tuple[float, float, int]:
+        scale = min(known, key=lambda x: abs(known[x] - target))
+        return scale, known[scale], calls
+
+    while calls < max_replays:
+        close = [x for x, u in known.items() if abs(u - target) <= tolerance]
+        if close:
+            return best()
+        below = [x for x, u in known.items() if u < target]
+        above = [x for x, u in known.items() if u > target]
+        if not known:
+            scale = start
+        elif not above:
+            if _plateau(known, below):
+                return best()
+            scale = max(below) * 2
+        elif not below:
+            scale = min(above) / 2
+        else:
+            scale = math.sqrt(max(below) * min(above))
+        known[scale] = measure(scale)
+        calls += 1
+    return best()
+
+
+def _plateau(known: dict[float, float], below: list[float]) -> bool:
+    """The two largest scales below target were a doubling apart and the utilisation did not grow."""
+    if len(below) < 2:
+        return False
+    lower, upper = sorted(below)[-2:]
+    return upper >= 2 * lower * (1 - 1e-9) and known[upper] <= known[lower] + PLATEAU_POINTS
+
+
+def calibrate_load_levels(
+    trace: str,
+    workers: int,
+    duration_s: float | None,
+    seed: int,
+    start: float | None = None,
+    targets: dict[str, float] | None = None,
+) -> dict[str, Calibration]:
+    """Rate scales at which ``least_loaded`` on ``workers`` A100s measures each :data:`TARGET_UTILISATION`.
+
+    Levels are found in increasing order, each reusing the replays of the ones
+    before (one shared scale → utilisation table). The search starts at
+    ``start`` (default ``workers / 4``: the trace as recorded on 4 workers);
+    ``targets`` defaults to :data:`TARGET_UTILISATION`.
+    """
+    start = workers / 4 if start is None else start
+    known: dict[float, float] = {}
+
+    def measure(scale: float) -> float:
+        cell = BenchCell(CALIBRATION_POLICY, "calibration", workers, scale)
+        utilisation = float(run_cell(cell, trace, duration_s, seed, False)["utilisation"])
+        _log.info("calibrating %s, %d workers: rate scale %.4g → utilisation %.3f", trace, workers, scale, utilisation)
+        return utilisation
+
+    found: dict[str, Calibration] = {}
+    for load, target in (targets or TARGET_UTILISATION).items():
+        scale, utilisation, replays = bisect_rate_scale(measure, target, start, known)
+        ok = abs(utilisation - target) <= UTILISATION_TOLERANCE
+        found[load] = Calibration(load, target, workers, scale, utilisation, replays, ok)
+    return found
+
+
+def calibrate(
+    trace: str, sizes: Sequence[int], duration_s: float | None, seed: int, jobs: int
+) -> dict[int, dict[str, Calibration]]:
+    """:func:`calibrate_load_levels` for every cluster size (sizes in parallel when ``jobs`` > 1)."""
+    if jobs <= 1 or len(sizes) == 1:
+        return {w: calibrate_load_levels(trace, w, duration_s, seed) for w in sizes}
+    with ProcessPoolExecutor(max_workers=min(jobs, len(sizes))) as pool:
+        futures = {w: pool.submit(calibrate_load_levels, trace, w, duration_s, seed) for w in sizes}
+        return {w: f.result() for w, f in futures.items()}
 
 
 @lru_cache(maxsize=8)

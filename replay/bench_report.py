@@ -42,7 +42,7 @@ def write_bench_json(path: Path, header: dict, rows: list[dict]) -> None:
 
 def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str]) -> None:
     """Tables sorted by P99 per (cluster size, load level) and a one-paragraph reading."""
-    parts = [f"# kvcost bench — {header['trace']}", "", reading(rows), ""]
+    parts = [f"# kvcost bench — {header['trace']}", "", reading(rows), "", *_limit_and_levels(header)]
     for workers, load in _groups(rows):
         group = sorted(
             (r for r in rows if r["workers"] == workers and r["load"] == load), key=lambda r: r["ttft_p99_s"]
@@ -62,6 +62,33 @@ def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str])
         "",
     ]
     path.write_text("\n".join(parts))
+
+
+def _limit_and_levels(header: dict) -> list[str]:
+    """The physical limit and, when the load levels were found by bisection, how close each came."""
+    lines = []
+    if "physical_limit_ttft_p99_s" in header:
+        lines += [
+            f"Physical limit: TTFT P99 {header['physical_limit_ttft_p99_s']:.3f} s with isolated prefill, an "
+            "infinite shared cache and no queue (no router can do better).",
+            "",
+        ]
+    levels = header.get("calibration")
+    if isinstance(levels, list):
+        table = [
+            [
+                str(c["workers"]),
+                c["load"],
+                f"{c['rate_scale']:.4g}",
+                f"{c['utilisation']:.1%}",
+                str(c["replays"]),
+                "yes" if c["within_tolerance"] else "**no**",
+            ]
+            for c in levels
+        ]
+        header_row = ["workers", "load", "rate scale", "least_loaded utilisation", "replays", "within ±3 points"]
+        lines += ["Load levels found by bisection on least_loaded:", "", markdown_table(header_row, table), ""]
+    return lines
 
 
 def reading(rows: list[dict]) -> str:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import reusable_tokens_for
 from kvcost.data.traces import Trace
+from kvcost.features.nominal import NominalCosts
+from kvcost.replay.config import ClusterConfig
 from kvcost.replay.simulator import ReplayResult
 
 #: Keys of one configuration's summary, in report order.
@@ -91,22 +94,62 @@ def p99_by_window(results: dict[str, ReplayResult], window_s: float) -> dict:
     return out
 
 
-def infinite_cache_hit_ratio(trace: Trace) -> float:
-    """Token-weighted hit ratio with one infinite, never-evicting cache shared by all workers.
+def infinite_cache_reuse_tokens(trace: Trace) -> list[int]:
+    """Tokens each request reuses from one infinite, never-evicting cache shared by all workers.
 
-    Each request reuses the longest prefix of its full blocks seen in any earlier
-    request (capped at ``input_tokens − 1``, as the simulator does); the bound
-    against which the measured hit ratios are read. DESIGN.md §8 quotes ≈ 36.6 %
-    *block* hit ratio for the conversation trace; this figure is token-weighted.
+    A request reuses the longest prefix of its full blocks seen in any earlier
+    request, capped at ``input_tokens − 1`` (as the simulator does); a partial
+    last block is never cached. One entry per request, in trace order.
     """
     seen: set[int] = set()
-    reused = total = 0
+    reused: list[int] = []
     for request in trace.requests:
         full = request.block_hashes[: request.input_tokens // trace.block_size_tokens]
         n = 0
         while n < len(full) and full[n] in seen:
             n += 1
-        reused += reusable_tokens_for(n, trace.block_size_tokens, request.input_tokens)
-        total += request.input_tokens
+        reused.append(reusable_tokens_for(n, trace.block_size_tokens, request.input_tokens))
         seen.update(full)
-    return reused / total if total else 0.0
+    return reused
+
+
+def infinite_cache_hit_ratio(trace: Trace) -> float:
+    """Token-weighted hit ratio with one infinite, never-evicting cache shared by all workers.
+
+    Reused tokens of :func:`infinite_cache_reuse_tokens` over input tokens; the
+    bound against which the measured hit ratios are read. DESIGN.md §8 quotes
+    ≈ 36.6 % *block* hit ratio for the conversation trace; this figure is
+    token-weighted.
+    """
+    total = sum(r.input_tokens for r in trace.requests)
+    return sum(infinite_cache_reuse_tokens(trace)) / total if total else 0.0
+
+
+def isolated_ttft_s(trace: Trace, config: ClusterConfig, costs: NominalCosts | None = None) -> np.ndarray:
+    """Each request's TTFT with an infinite shared cache, no queue, on the fleet's fastest GPU type.
+
+    TTFT = L + P + F: lookup of its full blocks + prefill of the tokens not in
+    the infinite cache (:func:`infinite_cache_reuse_tokens`), alone on a worker
+    in chunks of ``config.token_budget`` (``StepTimeModel.prefill_alone_s``, no
+    jitter) + first-token work; nominal costs by default. Seconds, one per request.
+    """
+    costs = costs or NominalCosts()
+    models = [
+        StepTimeModel.for_hardware(config.model, gpu, token_budget=config.token_budget)
+        for gpu in sorted(set(config.fleet))
+    ]
+    reused = infinite_cache_reuse_tokens(trace)
+    out = np.empty(len(trace.requests))
+    for i, (request, cached) in enumerate(zip(trace.requests, reused, strict=True)):
+        prefill_s = min(m.prefill_alone_s(request.input_tokens - cached, cached) for m in models)
+        lookup_s = costs.lookup_s(request.input_tokens // trace.block_size_tokens)
+        out[i] = lookup_s + prefill_s + costs.first_token_s
+    return out
+
+
+def physical_limit_ttft_p99_s(trace: Trace, config: ClusterConfig) -> float:
+    """The workload's physical limit: TTFT P99 of :func:`isolated_ttft_s` (no router can beat it).
+
+    About 13.7 s for the bundled conversation trace with Llama-3-8B on A100.
+    """
+    return _quantile(isolated_ttft_s(trace, config), 0.99)

@@ -28,19 +28,21 @@ from kvcost.models.term_set import TermModelSet
 from kvcost.models.training import prediction_block
 from kvcost.replay.bench import (
     BASELINES,
+    CALIBRATED_TRACES,
     KVCOST_POLICIES,
     QUICK_DURATION_S,
     REFERENCE_POLICIES,
     add_ratios,
     bench_cells,
     best_baseline,
+    calibrate,
     rate_scales,
     run_bench,
 )
 from kvcost.replay.bench_report import line_styles, marker_styles, write_bench_json, write_bench_md
 from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
 from kvcost.replay.experiment import CONFIGURATIONS, LEARNED_ARM, Configuration, configure, replay, study_summary
-from kvcost.replay.metrics import infinite_cache_hit_ratio, p99_by_window
+from kvcost.replay.metrics import infinite_cache_hit_ratio, p99_by_window, physical_limit_ttft_p99_s
 from kvcost.replay.online import OnlineSettings
 from kvcost.replay.outputs import log_replay, write_report_md
 from kvcost.replay.simulator import ReplayResult
@@ -247,8 +249,29 @@ def _write_files(spec: RunSpec, summary: dict, results: dict[str, ReplayResult],
     )
     plot_queues({k: r.worker_samples for k, r in results.items()}, spec.out / "queued_prefill_tokens.png", caption)
     plots = ["ttft_cdf.png", "queued_prefill_tokens.png"]
+    limit_s = physical_limit_ttft_p99_s(spec.trace, spec.config)
+    write_json(spec.out / "physical_limit.json", _physical_limit_block(spec, limit_s))
     lines = _setup_lines(spec, results, run_ids, summary["hit_ratio_bound_infinite_cache"])
+    lines.append(
+        f"physical limit: TTFT P99 {limit_s:.3f} s with isolated prefill, an infinite shared cache and no queue "
+        "(`physical_limit.json`)"
+    )
     write_report_md(spec.out / "report.md", summary, lines, plots)
+
+
+def _physical_limit_block(spec: RunSpec, limit_s: float) -> dict:
+    """``physical_limit.json``: kept out of ``summary.json``, whose bytes stay as they were."""
+    c = spec.config
+    return {
+        "trace": spec.trace_arg,
+        "requests": len(spec.trace),
+        "model": c.model,
+        "fleet": list(c.fleet),
+        "token_budget": c.token_budget,
+        "physical_limit_ttft_p99_s": limit_s,
+        "definition": "TTFT P99 of each request's prefill alone on the fleet's fastest GPU type, its prefix "
+        "served by one infinite shared cache, no queue (lookup + prefill + first-token work, no jitter)",
+    }
 
 
 def _setup_lines(
@@ -297,8 +320,15 @@ def execute_bench(
     jobs: int,
     out: Path | None,
     progress: Callable[[int], None] | None = None,
+    calibrate_levels: bool | None = None,
 ) -> dict:
     """Run the benchmark grid and write ``bench.json``, ``bench.md`` and plots into ``out``.
+
+    Load levels: with ``calibrate_levels`` (default: every trace but those of
+    ``CALIBRATED_TRACES``) the rate scales are found by bisection per cluster
+    size (``kvcost.replay.bench.calibrate``); else the constants of
+    ``rate_scales``. The header carries the workload's physical limit (TTFT P99
+    of isolated prefill, infinite shared cache, no queue) and the calibration.
 
     Raises:
         ValueError / KeyError: unknown policy or trace, bad size, unwritable output.
@@ -307,10 +337,14 @@ def execute_bench(
         if workers < 1:
             raise ValueError(f"sizes contains {workers}, expected worker counts ≥ 1")
     duration_s = QUICK_DURATION_S if quick else None
-    load_trace(trace, duration_s=duration_s, spread_seed=seed)  # fail fast on a bad trace
+    loaded = load_trace(trace, duration_s=duration_s, spread_seed=seed)  # fail fast on a bad trace
     out = out if out is not None else Path("runs") / f"bench-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     _make_out(out)
-    cells = bench_cells(policies, sizes)
+    if calibrate_levels is None:
+        calibrate_levels = trace not in CALIBRATED_TRACES
+    found = calibrate(trace, sizes, duration_s, seed, jobs) if calibrate_levels else None
+    scales = {w: {k: c.rate_scale for k, c in found[w].items()} for w in sizes} if found else None
+    cells = bench_cells(policies, sizes, scales)
     queue_cell = (min(sizes), "80%")
     rows = run_bench(cells, trace, duration_s, seed, jobs, lambda c: (c.workers, c.load) == queue_cell, progress)
     add_ratios(rows)
@@ -321,7 +355,10 @@ def execute_bench(
         "quick": quick,
         "window": window,
         "sizes": list(sizes),
-        "load_levels": {str(w): rate_scales(w) for w in sizes},
+        "load_levels": {str(w): scales[w] if scales else rate_scales(w) for w in sizes},
+        "requests": len(loaded),
+        "physical_limit_ttft_p99_s": physical_limit_ttft_p99_s(loaded, ClusterConfig(fleet=("a100",))),
+        "calibration": ([asdict(c) for w in sizes for c in found[w].values()] if found else "constants (rate_scales)"),
     }
     plots = ["p99_vs_load.png", "hit_ratio_vs_p99.png", "worker_queues.png"]
     write_bench_json(out / "bench.json", header, rows)

@@ -43,7 +43,9 @@ class ReplaySettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    trace: str = Field(DEFAULT_TRACE, description=f"Bundled trace ({', '.join(BUNDLED_TRACES)}) or a path.")
+    trace: str = Field(
+        DEFAULT_TRACE, description=f"Bundled trace ({', '.join(BUNDLED_TRACES)}), gen:<shape>[:k=v,...] or a path."
+    )
     workers: int = Field(
         len(_cluster_default("fleet")), ge=1, description="Number of workers (ignored when --fleet is given)."
     )

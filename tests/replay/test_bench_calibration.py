@@ -1,0 +1,95 @@
+"""Load levels by bisection on least_loaded's utilisation, and the physical limit."""
+
+import math
+
+import pytest
+
+from kvcost.core.hardware import StepTimeModel
+from kvcost.data.traces import Trace, TraceRequest, load_trace
+from kvcost.features.nominal import NominalCosts
+from kvcost.replay.bench import (
+    UTILISATION_TOLERANCE,
+    BenchCell,
+    bench_cells,
+    bisect_rate_scale,
+    calibrate_load_levels,
+    run_cell,
+)
+from kvcost.replay.config import ClusterConfig
+from kvcost.replay.metrics import infinite_cache_reuse_tokens, isolated_ttft_s, physical_limit_ttft_p99_s
+
+
+def saturating(scale: float) -> float:
+    return scale / (1 + scale)
+
+
+def test_bisection_widens_the_bracket_then_halves_it_in_log_scale():
+    scale, utilisation, calls = bisect_rate_scale(saturating, 0.6, start=1.0)
+    # 1 → 0.5 (below), 2 → 0.667 (above), √2 → 0.586 (within ±0.03)
+    assert (scale, calls) == (math.sqrt(2), 3)
+    assert utilisation == pytest.approx(0.585786, abs=1e-6)
+
+
+def test_bisection_searches_downwards_and_reuses_known_replays():
+    assert bisect_rate_scale(saturating, 0.2, start=1.0) == (0.25, 0.2, 3)
+    known = {1.0: 0.5, 2.0: 2 / 3}
+    scale, _, calls = bisect_rate_scale(saturating, 0.6, start=1.0, known=known)
+    assert (scale, calls) == (math.sqrt(2), 1)
+    assert set(known) == {1.0, 2.0, math.sqrt(2)}
+
+
+def test_bisection_stops_on_a_plateau_with_the_closest_scale():
+    scale, utilisation, calls = bisect_rate_scale(lambda s: min(0.5, 0.4 * s), 0.6, start=1.0)
+    assert (scale, utilisation, calls) == (2.0, 0.5, 3)
+
+
+@pytest.mark.parametrize(("start", "target"), [(0.0, 0.6), (1.0, 1.2)])
+def test_bisection_rejects_bad_start_or_target(start, target):
+    with pytest.raises(ValueError, match="start = 0.0|target = 1.2"):
+        bisect_rate_scale(saturating, target, start=start)
+
+
+def test_calibration_finds_a_rate_scale_within_tolerance_on_a_small_trace():
+    trace = "gen:multi-turn:requests=200"
+    found = calibrate_load_levels(trace, workers=1, duration_s=None, seed=0, targets={"60%": 0.6})["60%"]
+    assert found.within_tolerance and abs(found.utilisation - 0.6) <= UTILISATION_TOLERANCE
+    assert found.replays <= 16
+    again = run_cell(BenchCell("least_loaded", "60%", 1, found.rate_scale), trace, None, 0, False)
+    assert again["utilisation"] == found.utilisation  # the grid's least_loaded cell measures the same
+
+
+def test_grid_takes_calibrated_scales():
+    cells = bench_cells(["least_loaded"], [2], {2: {"60%": 1.5, "80%": 2.0, "95%": 2.5}})
+    assert [(c.load, c.rate_scale) for c in cells] == [("60%", 1.5), ("80%", 2.0), ("95%", 2.5)]
+
+
+def _trace(requests: list[TraceRequest]) -> Trace:
+    return Trace("t", "t", "mooncake", 512, tuple(requests), 0, None, 1.0, 0.0, None)
+
+
+def test_physical_limit_is_isolated_prefill_of_what_an_infinite_cache_misses():
+    trace = _trace(
+        [
+            TraceRequest(0, 0.0, 1100, 10, (7, 8, 9)),  # nothing cached
+            TraceRequest(1, 1.0, 1100, 10, (7, 8, 10)),  # 2 full blocks cached; 9 was a partial block
+            TraceRequest(2, 2.0, 1024, 10, (7, 8)),  # fully cached: one token still computed
+        ]
+    )
+    assert infinite_cache_reuse_tokens(trace) == [0, 1024, 1023]
+    model = StepTimeModel.for_hardware("llama-3-8b", "a100", token_budget=8192)
+    costs = NominalCosts()
+    expected = [
+        costs.lookup_s(blocks) + model.prefill_alone_s(n, cached) + costs.first_token_s
+        for blocks, n, cached in ((2, 1100, 0), (2, 76, 1024), (2, 1, 1023))
+    ]
+    config = ClusterConfig(fleet=("a100",) * 2)
+    assert isolated_ttft_s(trace, config).tolist() == expected
+    assert physical_limit_ttft_p99_s(trace, config) == pytest.approx(
+        expected[1] + 0.98 * (expected[0] - expected[1]), rel=1e-12
+    )
+
+
+@pytest.mark.slow
+def test_physical_limit_of_the_conversation_trace_is_about_13_7_s():
+    trace = load_trace("mooncake-conversation")
+    assert physical_limit_ttft_p99_s(trace, ClusterConfig()) == pytest.approx(13.66, abs=0.01)
