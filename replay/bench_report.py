@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kvcost.core.reporting import markdown_table, write_json  # noqa: E402
-from kvcost.replay.bench import BASELINES, KVCOST_POLICIES, best_baseline  # noqa: E402
+from kvcost.replay.bench import BASELINE_POLICIES, KVCOST_POLICIES, best_baseline  # noqa: E402
 from kvcost.replay.outputs import format_value  # noqa: E402
 
 _COLUMNS = (
@@ -112,7 +112,7 @@ def _style(policy: str) -> dict:
         return {"lw": 2.4, "marker": "o"}
     if policy == "oracle":
         return {"lw": 1.4, "ls": "--", "color": "black", "marker": "x"}
-    if policy in BASELINES:
+    if policy in BASELINE_POLICIES:
         return {"lw": 1.2, "marker": "."}
     return {"lw": 1.0, "ls": ":", "marker": "."}
 
