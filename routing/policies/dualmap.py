@@ -28,8 +28,10 @@ from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyCo
 #: of the P99 TTFTs ``kvcost bench`` measures on the conversation trace at 80 % load.
 DEFAULT_TTFT_SLO_S = 5.0
 #: Leading full blocks of the prompt hashed to pick the pair (kvcost's choice; DualMap adapts
-#: the prefix length to the workload). One block of the Mooncake traces is 512 tokens.
-DEFAULT_PREFIX_BLOCKS = 1
+#: the prefix length to the workload). One block of the Mooncake traces is 512 tokens, and the
+#: first block is one shared system prompt: all 12 031 requests of the conversation trace start
+#: with it, so one block would send every request to the same pair; two give 7 373 distinct keys.
+DEFAULT_PREFIX_BLOCKS = 2
 
 
 def _hash64(salt: int, key: tuple[int, ...]) -> int:
