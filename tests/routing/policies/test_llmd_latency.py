@@ -112,7 +112,8 @@ def test_cold_start_routes_by_the_llmd_default_profile_and_learns_nothing(two_po
     policy = LlmdPredictedLatencyPolicy()
     index, reason = policy.choose(two_pods)
     default_index, default_reason = LlmdDefaultPolicy().choose(two_pods)
-    assert (index, reason) == (default_index, "cold start (no latency model yet), llm-d default profile: " + default_reason)
+    prefix = "cold start (no latency model yet), llm-d default profile: "
+    assert (index, reason) == (default_index, prefix + default_reason)
     assert index == 0  # equal prefix and queue scores; worker 11's KV is half used
     policy.on_routed(two_pods, index)
     policy.on_outcome(two_pods.request.request_id, 9.0, 1.0)
