@@ -4,7 +4,8 @@ Each cell replays the same arrivals (same trace window, rate scale and seed)
 with the prefix cache on, under one policy. ``learned_cost_aware`` learns
 online inside its own replay (analytic at first, LightGBM retrained every
 :data:`ONLINE_RETRAIN_S` replay seconds), so no cell depends on a model
-trained on the trace it is measured on. Load levels are rate scales
+trained on the trace it is measured on; the ``llmd_predicted_latency`` anchor
+refits its own P90 model on the same schedule and rows. Load levels are rate scales
 calibrated on the bundled conversation trace with ``least_loaded`` so that
 the cluster runs at about 60 %, 80 % and 95 % utilisation (the share of time a
 worker has a request waiting for its first token); each cell reports the

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyContext, RouterPolicy
 
 #: TTFT SLO, seconds. Unverified: the value of the paper's evaluation set-up could not be read
-#: in the sources available when this was written; 5 s is kvcost's assumption, of the order
-#: of the P99 TTFTs ``kvcost bench`` measures on the conversation trace at 80 % load.
+#: in the sources available when this was written (abstract and summaries only); 5 s is kvcost's
+#: assumption. Pass ``ttft_slo_s`` to match another set-up.
 DEFAULT_TTFT_SLO_S = 5.0
 #: Leading full blocks of the prompt hashed to pick the pair (kvcost's choice; DualMap adapts
 #: the prefix length to the workload). One block of the Mooncake traces is 512 tokens, and the
