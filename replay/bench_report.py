@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from kvcost.core.reporting import markdown_table, write_json
-from kvcost.replay.bench import BASELINES, KVCOST_POLICIES, best_baseline
+from kvcost.replay.bench import BASELINE_POLICIES, KVCOST_POLICIES, best_baseline
 from kvcost.replay.outputs import format_value
 
 _COLUMNS = (
@@ -156,6 +156,6 @@ def _line_style(policy: str) -> dict:
         return {"lw": 2.4, "marker": "o"}
     if policy == "oracle":
         return {"lw": 1.4, "ls": "--", "color": "black", "marker": "x"}
-    if policy in BASELINES:
+    if policy in BASELINE_POLICIES:
         return {"lw": 1.2, "marker": "."}
     return {"lw": 1.0, "ls": ":", "marker": "."}

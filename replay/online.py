@@ -9,6 +9,8 @@ it in. Each completed request is also fed to a
 :class:`~kvcost.calibration.drift.DriftMonitor` (peer reference: a worker's
 rolling error against the other workers' over the same window, robust to the
 trace's load swings) with the predictions made for it at decision time.
+A policy with its own model (``RouterPolicy.own_model``: ``llmd_predicted_latency``)
+is refitted on the same rows at the same moments instead of the term models.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from kvcost.data.store import ACTUAL_COLUMNS, TERMS_AND_TTFT
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.models.term_set import TermModelSet
 from kvcost.models.training import TimeSplit, train_term_set
+from kvcost.routing.policies import RouterPolicy
 
 
 class CompletedRequest(NamedTuple):
@@ -118,8 +121,14 @@ class OnlineLearner:
                 }
             )
 
-    def maybe_retrain(self, observations: list[CompletedRequest], now_s: float) -> TermModelSet | None:
-        """Retrain when the schedule or a drift alert says so and enough rows exist."""
+    def maybe_retrain(
+        self, observations: list[CompletedRequest], now_s: float, policy: RouterPolicy | None = None
+    ) -> TermModelSet | None:
+        """Retrain when the schedule or a drift alert says so and enough rows exist.
+
+        Returns the new term models, or None when it did not retrain or when ``policy`` has its
+        own model (``policy.own_model``): then the policy is refitted on the same rows instead.
+        """
         drift = (
             self.settings.retrain_on_drift
             and self._drift_pending
@@ -129,9 +138,13 @@ class OnlineLearner:
         if (now_s < self.next_retrain_s and not drift) or len(observations) < self.settings.min_rows:
             return None
         frame = observations_frame(observations)
-        n_calib = max(10, int(len(frame) * self.settings.calibration_fraction))
-        split = TimeSplit(frame.iloc[:-n_calib], frame.iloc[-n_calib:], frame.iloc[:0])
-        model_set = train_term_set(split, self.settings.predictor)
+        if policy is not None and policy.own_model:
+            policy.fit_own_model(frame)
+            model_set = None
+        else:
+            n_calib = max(10, int(len(frame) * self.settings.calibration_fraction))
+            split = TimeSplit(frame.iloc[:-n_calib], frame.iloc[-n_calib:], frame.iloc[:0])
+            model_set = train_term_set(split, self.settings.predictor)
         self.monitor.reset_retrain_flag()
         self._drift_pending = False
         self.retrains.append({"t_s": now_s, "rows": len(frame), "trigger": "drift" if drift else "schedule"})

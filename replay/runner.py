@@ -27,6 +27,7 @@ from kvcost.models.predictors import FeatureSpecMismatch
 from kvcost.models.term_set import TermModelSet
 from kvcost.models.training import prediction_block
 from kvcost.replay.bench import (
+    ANCHORS,
     BASELINES,
     CALIBRATED_TRACES,
     KVCOST_POLICIES,
@@ -301,12 +302,13 @@ def _setup_lines(
 
 
 def bench_policies(requested: Sequence[str] | None) -> list[str]:
-    """Policies to benchmark: ``requested`` (validated), or every registered baseline, kvcost and reference policy."""
+    """Policies to benchmark: ``requested`` (validated), or every registered baseline, anchor, kvcost and reference
+    policy."""
     if requested:
         for name in requested:
             ROUTER_POLICIES.get(name)
         return list(requested)
-    names = [*REFERENCE_POLICIES[:2], *BASELINES, *KVCOST_POLICIES, REFERENCE_POLICIES[2]]
+    names = [*REFERENCE_POLICIES[:2], *BASELINES, *ANCHORS, *KVCOST_POLICIES, REFERENCE_POLICIES[2]]
     return [name for name in names if name in ROUTER_POLICIES]
 
 

@@ -166,6 +166,8 @@ class ClusterSimulator:
                     continue  # an empty wait cut short by an arrival
                 done = worker.finish_step(now)
                 log.complete(done)
+                for r in done:
+                    self.router.policy.on_outcome(r.request_id, r.first_token_s - r.arrival_s, now)
                 if self.online is not None and done:
                     self.online.observe(log.observed, now)
                 if progress is not None and done:
@@ -173,7 +175,7 @@ class ClusterSimulator:
                 self._start(worker, now, steps)
             else:
                 if self.online is not None:
-                    model_set = self.online.maybe_retrain(log.observed, t_arrival)
+                    model_set = self.online.maybe_retrain(log.observed, t_arrival, self.router.policy)
                     if model_set is not None:
                         self.router.set_cost_model(model_set)
                 served = self._arrive(requests[next_arrival], t_arrival, steps, log)

@@ -1,10 +1,23 @@
 """Router policies, registered by name in :data:`ROUTER_POLICIES`.
 
-Importing this package registers every policy: kvcost's own (``basic``) and
-the production baselines it is measured against.
+Importing this package registers every policy: kvcost's own (``basic``), the
+production baselines it is measured against and the 2026 anchors (``lmetric``,
+``dualmap``, ``llmd_latency``).
 """
 
-from kvcost.routing.policies import aibrix, basic, dynamo, llmd, mooncake, oracle, preble, sglang  # noqa: F401  (importing registers the policies)
+from kvcost.routing.policies import (  # noqa: F401  (importing registers the policies)
+    aibrix,
+    basic,
+    dualmap,
+    dynamo,
+    llmd,
+    llmd_latency,
+    lmetric,
+    mooncake,
+    oracle,
+    preble,
+    sglang,
+)
 from kvcost.routing.policies.base import (
     DEFAULT_SEED,
     ROUTER_POLICIES,

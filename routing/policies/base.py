@@ -5,9 +5,11 @@ matches and predicted terms, their loads, which of them the hot-spot skew
 limit allows — and returns the index of the chosen candidate and a one-line
 reason. Every policy subclasses :class:`RouterPolicy`: its class flags say
 what the callers must know about it (``replay_only``, ``learned``), and its
-hooks (no-ops by default) let it keep state (``on_routed``: e.g. an
-approximate prefix tree of routed requests) or take the replay's truth
-(``attach_truth``: the oracle). :func:`make_policy` builds one by name.
+hooks (no-ops by default) let it keep state (``on_routed``: a round-robin
+counter, an approximate prefix tree of routed requests), take the replay's
+truth (``attach_truth``: the oracle) or learn from the outcomes of its own
+decisions (``on_outcome``, ``fit_own_model``: ``llmd_predicted_latency``).
+:func:`make_policy` builds one by name.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from kvcost.core.composition import CalibratedTTFT, TermPredictions
 from kvcost.core.hardware import StepTimeModel
@@ -72,9 +75,12 @@ class RouterPolicy:
         name: registry name.
         replay_only: True = the policy needs what only a replay has (the simulator's truth,
             :meth:`attach_truth`); the scoring service refuses it.
-        learned: True = the policy ranks by the learned models' calibrated TTFT: a replay gives it
-            the champion (or online learning), and a router without a learned model warns once
-            that it falls back to the analytic one.
+        learned: True = the policy ranks by a model learned from the fleet's own measurements: a
+            replay gives it the champion (or online learning), and a router without a learned model
+            warns once that it falls back to the analytic one.
+        own_model: True (with ``learned``) = the model is the policy's own, fitted by
+            :meth:`fit_own_model`, not the router's cost model: online learning in a replay retrains
+            the policy on its schedule instead of the router's term models.
 
     Args:
         seed: seed of the policy's random tie-breaks (policies that break no tie at random ignore it).
@@ -83,6 +89,7 @@ class RouterPolicy:
     name = "base"
     replay_only = False
     learned = False
+    own_model = False
 
     def __init__(self, *, seed: int = DEFAULT_SEED) -> None:
         self.seed = seed
@@ -96,6 +103,17 @@ class RouterPolicy:
 
     def attach_truth(self, truth_s: TruthFn) -> None:
         """The replay hands over its truth before the first decision (default: not needed, ignored)."""
+
+    def on_outcome(self, request_id: int, ttft_s: float, now_s: float) -> None:
+        """A request routed by this policy got its first token after ``ttft_s`` seconds, reported at
+        ``now_s`` (the replay reports it when the request completes). Default: nothing."""
+
+    def fit_own_model(self, rows: pd.DataFrame) -> None:
+        """Refit the policy's own model (``own_model`` policies) on the outcomes so far.
+
+        ``rows``: one row per completed request, completion order, with the chosen candidate's
+        decision-time features (``FEATURE_NAMES`` columns) and ``actual_ttft_s``. Default: nothing.
+        """
 
 
 ROUTER_POLICIES: Registry[type[RouterPolicy]] = Registry("router policy")

@@ -43,6 +43,13 @@ def test_ratios_against_best_baseline_and_oracle():
     assert [r["p99_vs_oracle"] for r in rows] == [2.0, 1.6, 1.2, 1.0]
 
 
+def test_an_anchor_can_be_the_best_baseline_but_kvcost_cannot():
+    rows = [_row("dynamo_kv", 10.0), _row("llmd_predicted_latency", 8.0), _row("learned_cost_aware", 4.0)]
+    add_ratios(rows)
+    assert best_baseline(rows, 4, "80%") == "llmd_predicted_latency"
+    assert [r["p99_vs_best_baseline"] for r in rows] == [1.25, 1.0, 0.5]
+
+
 def test_ratios_without_oracle_are_nan():
     rows = [_row("dynamo_kv", 10.0), _row("cost_aware", 6.0)]
     add_ratios(rows)

@@ -3,7 +3,12 @@ import pytest
 
 from kvcost.data.log_rows import RequestRow
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
+from kvcost.replay.config import ClusterConfig
 from kvcost.replay.online import CompletedRequest, OnlineLearner, OnlineSettings, observations_frame
+from kvcost.replay.simulator import ClusterSimulator
+from kvcost.routing.policies.llmd_latency import LlmdPredictedLatencyPolicy
+from kvcost.routing.router import RouterSettings
+from tests.replay.test_simulator import blocks, make_trace
 
 
 def _observations(n, t0=0.0, slow_worker=None):
@@ -56,3 +61,23 @@ def test_settings_validation():
         OnlineSettings(retrain_every_s=0)
     with pytest.raises(ValueError, match="min_rows = 5"):
         OnlineSettings(min_rows=5)
+
+
+def test_a_policy_with_its_own_model_is_refitted_instead_of_the_term_models():
+    policy = LlmdPredictedLatencyPolicy()
+    learner = OnlineLearner(OnlineSettings(retrain_every_s=100, min_rows=50))
+    assert learner.maybe_retrain(_observations(60), now_s=150, policy=policy) is None
+    assert policy.model.fitted and policy.model.rows == 60
+    assert learner.retrains == [{"t_s": 150, "rows": 60, "trigger": "schedule"}]
+
+
+def test_the_replay_teaches_llmd_predicted_latency_online():
+    trace = make_trace([(0.25 * i, 600, 4, blocks(range(1, 11), 100 * (i + 1), 600)) for i in range(80)])
+    config = ClusterConfig(fleet=("a100", "a100"), router=RouterSettings(policy="llmd_predicted_latency"))
+    sim = ClusterSimulator(config, trace.block_size_tokens, online=OnlineSettings(retrain_every_s=10, min_rows=20))
+    result = sim.run(trace)
+    policy = sim.router.policy
+    assert [r["trigger"] for r in result.retrains] == ["schedule"] * len(result.retrains) and result.retrains
+    assert policy.model.fitted and policy.model.rows == result.retrains[-1]["rows"]
+    assert sim.router.cost_model.learned is False  # the router's term models stay analytic
+    assert policy.aci.updates > 0  # first tokens of requests routed by the fitted model were scored

@@ -1,5 +1,7 @@
 """Shared builders for the policy tests: a decision context over hand-made snapshots."""
 
+from dataclasses import replace
+
 import numpy as np
 
 from kvcost.core.composition import TermPredictions
@@ -24,4 +26,15 @@ def context(step_model, snapshots, hashes, now_s=0.0, input_tokens=None):
         allowed=np.ones(n, dtype=bool),
         now_s=now_s,
         step_models={"linear-gpu": step_model},
+    )
+
+
+def with_cache_and_ttft(ctx, reusable_tokens, ttft_s=None):
+    """``ctx`` with the given reusable tokens per candidate and predicted TTFTs (all in the prefill term)."""
+    zeros = np.zeros(len(ctx.snapshots))
+    ttft = np.array(ttft_s if ttft_s is not None else zeros, dtype=np.float64)
+    return replace(
+        ctx,
+        reusable_tokens=np.array(reusable_tokens, dtype=np.int64),
+        predictions=TermPredictions(zeros, zeros, zeros, ttft, zeros),
     )

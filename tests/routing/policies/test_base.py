@@ -3,6 +3,7 @@
 import logging
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvcost.replay.config import ClusterConfig
@@ -18,8 +19,15 @@ from tests.routing.policies.test_basic import context
 def test_every_registered_policy_is_a_router_policy_and_the_flags_name_oracle_and_learned():
     assert all(issubclass(ROUTER_POLICIES.get(name), RouterPolicy) for name in ROUTER_POLICIES)
     assert [n for n in ROUTER_POLICIES if ROUTER_POLICIES.get(n).replay_only] == ["oracle"]
-    assert [n for n in ROUTER_POLICIES if ROUTER_POLICIES.get(n).learned] == ["learned_cost_aware"]
-    assert (RouterPolicy.name, RouterPolicy.replay_only, RouterPolicy.learned) == ("base", False, False)
+    learned = [n for n in ROUTER_POLICIES if ROUTER_POLICIES.get(n).learned]
+    assert learned == ["learned_cost_aware", "llmd_predicted_latency"]
+    assert [n for n in ROUTER_POLICIES if ROUTER_POLICIES.get(n).own_model] == ["llmd_predicted_latency"]
+    assert (RouterPolicy.name, RouterPolicy.replay_only, RouterPolicy.learned, RouterPolicy.own_model) == (
+        "base",
+        False,
+        False,
+        False,
+    )
 
 
 def test_the_base_hooks_do_nothing_and_choose_is_abstract(make_snapshot):
@@ -27,6 +35,8 @@ def test_the_base_hooks_do_nothing_and_choose_is_abstract(make_snapshot):
     ctx = context(make_snapshot, [0.1, 0.2], [0.0, 0.0])
     assert policy.on_routed(ctx, 0) is None
     assert policy.attach_truth(lambda c: np.zeros(2)) is None
+    assert policy.on_outcome(3, 0.5, 1.0) is None
+    assert policy.fit_own_model(pd.DataFrame()) is None
     with pytest.raises(NotImplementedError):
         policy.choose(ctx)
 

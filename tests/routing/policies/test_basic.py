@@ -34,10 +34,13 @@ def test_registry_names_and_unknown():
     assert ROUTER_POLICIES.names() == [
         "aibrix_prefix_cache",
         "cost_aware",
+        "dualmap",
         "dynamo_kv",
         "learned_cost_aware",
         "least_loaded",
         "llmd_default",
+        "llmd_predicted_latency",
+        "lmetric",
         "mooncake_conductor",
         "oracle",
         "preble_e2",
