@@ -38,6 +38,9 @@ import pyarrow as pa
 from kvcost.core.composition import TERMS
 from kvcost.features.spec import FEATURE_SPEC, feature_spec_hash
 
+#: Where the CLI's commands and the service read and append the log unless told otherwise.
+DEFAULT_LOG_PATH = Path("runs/kvcost.duckdb")
+
 
 @dataclass(frozen=True, slots=True)
 class Column:

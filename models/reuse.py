@@ -39,11 +39,10 @@ from kvcost.features.spec import EVICTION_FEATURE_NAMES, EVICTION_FEATURE_SPEC, 
 #: Training parameters (LightGBM names); deterministic, single-threaded prediction. Regularised
 #: (15 leaves, ≥ 200 rows per leaf, L2 1.0) and P(reuse) constrained non-increasing in ``idle_s``
 #: (``monotone``, a name → sign map turned into LightGBM's ``monotone_constraints`` over the model's
-#: features): with 31 leaves and 50 rows per leaf the first fit on a validation
-#: replay (the first 30 % of the conversation trace only) swung from 0.03 to 0.79 to 0.03 between
-#: 0, 5 and 60 s idle, and that noise, multiplied by a 10× spread of seconds saved over depth, ranked
-#: worse than LRU. The assumption behind the constraint: the longer a block has been idle, the less
-#: likely it is to be reused within the next H (true of think-time gaps that are mostly short).
+#: features): a looser fit swings between neighbouring idle ages, and that noise, multiplied by the
+#: spread of seconds saved over depth, ranks worse than LRU (docs/eviction-study.md). The assumption
+#: behind the constraint: the longer a block has been idle, the less likely it is to be reused within
+#: the next H (true of think-time gaps that are mostly short).
 DEFAULT_PARAMS: dict[str, Any] = {
     "objective": "binary",
     "learning_rate": 0.05,
@@ -62,16 +61,14 @@ DEFAULT_PARAMS: dict[str, Any] = {
 #: Features of the eviction study's classifier (``cost_aware``'s P(reuse)): the block's own
 #: history (hits, idle time) and the chain-level facts of the request that last held it (how much of
 #: it was found cached: a continuing conversation). Depth, prompt length, tail distance, age and the
-#: mean reuse gap are left out: on a validation replay inside the training period (first 30 % of the
-#: conversation trace, split 50/50 inside it, 10 % cache) the classifier used them to give deep blocks
-#: of continuing conversations P ≈ 0.01 from a few dozen samples, cancelling the seconds saved at
-#: depth (prefill seconds saved: lru 215.7, all features 226.6, these features 304.6). Depth enters
-#: the value only through the prefill seconds saved.
+#: mean reuse gap are left out: from few samples the classifier used them to give deep blocks of
+#: continuing conversations P ≈ 0.01, cancelling the seconds saved at depth (validation figures:
+#: docs/eviction-study.md). Depth enters the value only through the prefill seconds saved.
 STUDY_FEATURES: tuple[str, ...] = ("hits", "idle_s", "request_reused_blocks", "request_reused_share")
 #: Training parameters of the study's classifier (overrides of :data:`DEFAULT_PARAMS`): P(reuse)
 #: non-increasing in idle time, non-decreasing in hits and in the reused prefix of the last request
-#: (later turns of a conversation are likelier to continue: on the training part of the conversation
-#: trace, P(another turn) = 0.29, 0.42, 0.54, 0.63 after turns 1, 2, 3, 4), ≥ 1000 rows per leaf.
+#: (later turns of a conversation are likelier to continue; docs/eviction-study.md gives the shares),
+#: ≥ 1000 rows per leaf.
 STUDY_PARAMS: dict[str, Any] = {
     "monotone": {"idle_s": -1, "hits": 1, "request_reused_blocks": 1, "request_reused_share": 1},
     "min_data_in_leaf": 1000,

@@ -22,12 +22,12 @@ observations (the standard survival likelihood: density for observed gaps,
 Classes: the share of the last request's prompt that was found cached
 (``request_reused_share``, bins :data:`REUSED_SHARE_EDGES`): near 0 for a
 conversation's first turn, near 1 for later turns, whose conversations are
-likelier to go on (on the conversation trace's training part: π = 0.22 for
-shares below 0.2, 0.59 above 0.8, median gaps 180–250 s). A class with fewer
-than :data:`MIN_OBSERVED_REUSES` observed reuses uses the pooled fit.
+likelier to go on (the fitted π per class on the conversation trace:
+``docs/eviction-study.md``). A class with fewer than
+:data:`MIN_OBSERVED_REUSES` observed reuses uses the pooled fit.
 
 Chosen on validation replays inside the training period of the conversation
-trace only (``kvcost.replay.eviction_study``'s docstring gives the figures).
+trace only (figures: ``docs/eviction-study.md``).
 Saved as ``cure.json`` (parameters, H, bins); no pickle.
 """
 

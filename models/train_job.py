@@ -14,16 +14,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from kvcost.core.composition import TERMS  # noqa: E402
-from kvcost.core.reporting import markdown_table, write_json  # noqa: E402
-from kvcost.models.mlflow_store import DEFAULT_TRACKING_URI, log_and_register  # noqa: E402
-from kvcost.models.term_set import TermModelSet  # noqa: E402
-from kvcost.models.training import (  # noqa: E402
+from kvcost.core.composition import TERMS
+from kvcost.core.plots import plot_holdout_ttft
+from kvcost.core.reporting import markdown_table, write_json
+from kvcost.models.mlflow_store import DEFAULT_TRACKING_URI, log_and_register
+from kvcost.models.term_set import TermModelSet
+from kvcost.models.training import (
     evaluate,
     feature_matrix,
     load_training_frame,
@@ -150,25 +147,13 @@ def training_markdown(report: dict) -> str:
 
 
 def _plot_holdout(model_set: TermModelSet, holdout, path: Path) -> None:
+    """Holdout TTFT predicted by the analytic model and by ``model_set`` (calibrated P50) against actual."""
     x = feature_matrix(holdout)
-    actual = holdout["actual_ttft_s"].to_numpy()
-    learned = model_set.calibrate(model_set.predict(x)).p50_s
-    analytic = TermModelSet.analytic().predict(x).ttft_s
-    fig, ax = plt.subplots(figsize=(6, 5.5))
-    ax.scatter(actual, analytic, s=4, alpha=0.35, label="analytic")
-    ax.scatter(actual, learned, s=4, alpha=0.35, label="learned (calibrated)")
-    top = float(max(actual.max(), 1e-3))
-    ax.plot([1e-3, top], [1e-3, top], "k--", lw=0.8, label="ideal")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("actual TTFT (s)")
-    ax.set_ylabel("predicted TTFT (s)")
-    ax.set_title(f"Holdout TTFT, {len(actual)} requests", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    predicted_s = {
+        "analytic": TermModelSet.analytic().predict(x).ttft_s,
+        "learned (calibrated)": model_set.calibrate(model_set.predict(x)).p50_s,
+    }
+    plot_holdout_ttft(holdout["actual_ttft_s"].to_numpy(), predicted_s, path)
 
 
 def retrain_loop(

@@ -91,8 +91,8 @@ def split_by_time(frame: pd.DataFrame, train_fraction: float = 0.4, calibration_
 
     The default (0.4, 0.2) trains and calibrates on the first 60 % and holds out
     the last 40 %. A calibration slice of 20 % (rather than 10 %) spans more of
-    the trace's load swings: on the conversation trace (4 replays) the 90 %
-    bound covered 93.9 % of the holdout with 10 % and 89.5 % with 20 %.
+    the trace's load swings, so the 90 % bound's holdout coverage comes closer
+    to 90 % (figures: ``docs/term-models.md``).
 
     Raises:
         ValueError: fractions outside (0, 1) or summing to ≥ 1, or a slice with no rows.
@@ -164,7 +164,7 @@ def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> T
     median; with heavy-tailed TTFT the mean sits above the median and can raise
     the MAE. The recalibration is therefore kept only if it lowers the MAE on the
     second half (recorded in ``metadata["isotonic"]``); on the conversation trace
-    it did not (0.48 s raw vs 0.55 s recalibrated holdout MAE).
+    it did not (``docs/term-models.md``).
 
     Raises:
         ValueError: a term observed in no training row.

@@ -1,18 +1,13 @@
-"""Outputs of ``kvcost bench``: ``bench.json``, ``bench.md`` and three plots."""
+"""Outputs of ``kvcost bench``: ``bench.json``, ``bench.md`` and the styles of its plots (:mod:`kvcost.core.plots`)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from kvcost.core.reporting import markdown_table, write_json  # noqa: E402
-from kvcost.replay.bench import BASELINES, KVCOST_POLICIES, best_baseline  # noqa: E402
-from kvcost.replay.outputs import format_value  # noqa: E402
+from kvcost.core.reporting import markdown_table, write_json
+from kvcost.replay.bench import BASELINES, KVCOST_POLICIES, best_baseline
+from kvcost.replay.outputs import format_value
 
 _COLUMNS = (
     ("ttft_p50_s", "TTFT P50 (s)"),
@@ -107,7 +102,29 @@ def _hit_ratio_warnings(group: dict[str, dict]) -> list[str]:
     ]
 
 
-def _style(policy: str) -> dict:
+def line_styles(rows: list[dict]) -> dict[str, dict]:
+    """Policy → ``Axes.plot`` keywords for :func:`~kvcost.core.plots.plot_p99_vs_load`, every policy in ``rows``.
+
+    kvcost's policies thick with round markers, the oracle a black dashed line with
+    crosses, the production baselines thin with dots, anything else dotted.
+    """
+    return {policy: _line_style(policy) for policy in dict.fromkeys(r["policy"] for r in rows)}
+
+
+def marker_styles(rows: list[dict]) -> dict[str, dict]:
+    """Policy → ``Axes.scatter`` keywords for :func:`~kvcost.core.plots.plot_hit_vs_p99`, every policy in ``rows``.
+
+    The line style's marker (``.`` if none) and colour; kvcost's policies larger (40 vs 22 points²).
+    """
+    styles = {}
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        style = _line_style(policy)
+        size = 40 if policy in KVCOST_POLICIES else 22
+        styles[policy] = {"marker": style.get("marker", "."), "s": size, "color": style.get("color")}
+    return styles
+
+
+def _line_style(policy: str) -> dict:
     if policy in KVCOST_POLICIES:
         return {"lw": 2.4, "marker": "o"}
     if policy == "oracle":
@@ -115,54 +132,3 @@ def _style(policy: str) -> dict:
     if policy in BASELINES:
         return {"lw": 1.2, "marker": "."}
     return {"lw": 1.0, "ls": ":", "marker": "."}
-
-
-def plot_p99_vs_load(rows: list[dict], path: Path) -> None:
-    """TTFT P99 (log) against the load level (target utilisation), one line per policy, one panel per size.
-
-    The x axis is the offered load (the same arrivals for every policy), not each
-    policy's measured utilisation, which a better policy itself lowers.
-    """
-    sizes = sorted({r["workers"] for r in rows})
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.6), squeeze=False, sharey=True)
-    for ax, workers in zip(axes[0], sizes, strict=True):
-        for policy in dict.fromkeys(r["policy"] for r in rows):
-            pts = sorted(
-                (r["utilisation"], r["ttft_p99_s"]) for r in rows if r["policy"] == policy and r["workers"] == workers
-            )
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=policy, **_style(policy))
-        ax.set_yscale("log")
-        ax.set_xlabel("offered load: target utilisation (%)")
-        ax.set_title(f"{workers} workers", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0, 0].set_ylabel("TTFT P99 (s, log scale)")
-    axes[0, -1].legend(fontsize=7, loc="upper left")
-    fig.suptitle("TTFT P99 against load", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_hit_vs_p99(rows: list[dict], path: Path) -> None:
-    """Hit ratio against TTFT P99, one marker per cell; a higher hit ratio need not mean a better P99."""
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    for policy in dict.fromkeys(r["policy"] for r in rows):
-        pts = [r for r in rows if r["policy"] == policy]
-        style = _style(policy)
-        ax.scatter(
-            [r["hit_ratio"] for r in pts],
-            [r["ttft_p99_s"] for r in pts],
-            label=policy,
-            marker=style.get("marker", "."),
-            s=40 if policy in KVCOST_POLICIES else 22,
-            color=style.get("color"),
-        )
-    ax.set_yscale("log")
-    ax.set_xlabel("token hit ratio")
-    ax.set_ylabel("TTFT P99 (s, log scale)")
-    ax.set_title("Hit ratio vs TTFT P99 (every size and load)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -25,67 +25,10 @@ never; per class of the last request's reused share; open gaps censored);
 ``lightgbm``, the :class:`~kvcost.models.reuse.ReuseClassifier` fitted on it
 with :data:`~kvcost.models.reuse.STUDY_FEATURES` and monotone constraints.
 
-The default was chosen on validation replays inside the training period only
-(``--duration-s 1062``, the first 30 % of the conversation trace's time),
-prefill seconds saved summed over seeds 0, 1, 2, each seed trained on its own
-``lru`` log; A = 10 % cache (1478 blocks/worker), split 30/70, H ≈ 89 s; B =
-30 % cache (4435 blocks/worker, about the full run's 4569 at 10 %), split
-50/50, H ≈ 436 s:
-
-========== ======== ========
-policy     A        B
-========== ======== ========
-lru        1221.9   1836.1
-gdsf       1473.3   1946.9
-prior      1399.8   1841.9
-lightgbm   1340.8   1609.5
-cure       1500.8   1914.5
-========== ======== ========
-
-(cost_aware rows after the index fix below.) The classifier extrapolates: a
-training sample at idle age ``a`` needs ``a + H`` of log after it, so ages
-beyond ~500 s are never seen in A or B and its P(reuse) stays flat there (0.42
-for a continuing conversation idle 50 min, above a fresh first turn's 0.27);
-the cure model's survival likelihood uses every idle period, censored ones
-included, and lets P fall with the silence. Index fix: a re-rank re-scores
-every idle block, not only the leaves (``eviction/index.py``); before,
-a parent exposed by an eviction kept its value from idle age 0, so the
-time-varying policies trimmed one block off many chains instead of finishing
-the coldest chain (on the evaluation below, at 10 %: prior −9.5 % → +8.5 %,
-lhd 2413.9 → 2637.5 s, flop_aware 2073.8 → 2765.1 s). Earlier attempts, on
-these and older validation replays, none adopted: a classifier with every
-eviction feature; GreedyDual ageing with cost P × seconds saved; GDSF with
-that cost × (hits + 1); the hit rate −ln(1 − P) / H; a classifier trained on
-the leaves present at actual eviction moments; H = the median reuse gap; a
-LightGBM classifier boosted from the cure model's log-odds (init score) on
-hits and the reused prefix, idle age left to the cure model: A 1398.3, B 1924.5.
-
-Evaluation window (whole trace, split at 30 %; ``kvcost eviction-study
---jobs 2``, 101 s wall), prefill seconds saved / token hit ratio / TTFT P99:
-
-======== ======================= ======================= ======================= =======================
-fraction lru                     gdsf                    lhd                     cost_aware (cure)
-======== ======================= ======================= ======================= =======================
-0.05     1828.7 / 16.9 % / 15.55 1949.2 / 16.5 % / 15.58 1876.2 / 17.3 % / 15.54 1784.2 / 15.2 % / 15.63
-0.1      2556.7 / 23.4 % / 15.01 2910.0 / 24.3 % / 13.65 2576.9 / 23.6 % / 15.02 2628.3 / 21.5 % / 13.51
-0.25     3748.5 / 32.4 % / 12.79 3733.6 / 31.4 % / 13.16 3635.0 / 31.5 % / 13.35 3774.5 / 31.8 % / 12.52
-0.5      3985.7 / 34.1 % / 12.30 4003.8 / 34.1 % / 12.66 3976.1 / 34.0 % / 13.14 4024.1 / 34.2 % / 12.91
-======== ======================= ======================= ======================= =======================
-
-(lfu 1233.6 / 1737.0 / 3376.3 / 3975.8 s, flop_aware 1688.2 / 2795.6 /
-3726.5 / 3990.9 s.) At 10 %: cost_aware +2.8 % against lru (prior +9.5 %, lightgbm −8.0 %),
-gdsf +13.8 %. Seeds 1 and 2 at 10 % (lru / gdsf / cost_aware): 2609.6 /
-2832.7 / 2804.7 s and 2650.0 / 2923.7 / 2832.3 s, cost_aware +7.5 % and
-+6.9 %. The validation replays above were run while the simulator showed the
-router each running step's true (jittered) end; with that leak fixed, the
-routing the study replays under changed, and so did these figures (before:
-cost_aware +10.6 % at 10 %, +12.1 % on seeds 1 and 2). On seed 0 the cure
-fit of the class reused share ≥ 0.8 went to π = 0.89, σ = 2.3: a gap
-distribution reaching far past the log's end, where the cure share is not
-identifiable. Constraining the gap's P95 to the longest follow-up was tried on
-validation windows (``--duration-s 1931``, seeds 0–2, 10 %): cost_aware 3244.1
-vs 3194.7 s unconstrained, lru 3195.9, gdsf 3226.0 — within noise, not adopted.
-The prior on the same windows: 2975.7 s, so the default stays ``cure``.
+The default, ``cure``, was chosen on validation replays inside the training
+period only (the first 30 % of the conversation trace's time), never on the
+window it is evaluated on; the figures, the evaluation window and the variants
+tried and not adopted are in ``docs/eviction-study.md``.
 
 Figures per run: token hit ratio; prefill seconds saved = Σ over measured
 requests of the GPU type's nominal prefill of the whole prompt minus the
@@ -105,19 +48,15 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from kvcost.core.hardware import StepTimeModel  # noqa: E402
-from kvcost.core.reporting import markdown_table, write_json  # noqa: E402
-from kvcost.data.store import LogStore  # noqa: E402
-from kvcost.data.traces import Trace, load_trace  # noqa: E402
-from kvcost.eviction import EVICTION_POLICIES, EvictionContext  # noqa: E402
-from kvcost.models.reuse import (  # noqa: E402
+from kvcost.core.hardware import StepTimeModel
+from kvcost.core.plots import plot_eviction_study
+from kvcost.core.reporting import markdown_table, write_json
+from kvcost.data.store import LogStore
+from kvcost.data.traces import Trace, load_trace
+from kvcost.eviction import EVICTION_POLICIES, EvictionContext
+from kvcost.models.reuse import (
     STUDY_FEATURES,
     STUDY_PARAMS,
     ReuseClassifier,
@@ -126,17 +65,16 @@ from kvcost.models.reuse import (  # noqa: E402
     load_reuse_model,
     reuse_training_frame,
 )
-from kvcost.models.reuse_cure import CURE_FILE, CureReuseModel  # noqa: E402
-from kvcost.replay.config import ClusterConfig  # noqa: E402
-from kvcost.replay.metrics import summarise  # noqa: E402
-from kvcost.replay.simulator import ClusterSimulator, ReplayResult  # noqa: E402
+from kvcost.models.reuse_cure import CURE_FILE, CureReuseModel
+from kvcost.replay.config import ClusterConfig
+from kvcost.replay.metrics import summarise
+from kvcost.replay.settings import DEFAULT_RATE_SCALE, DEFAULT_TRACE
+from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 
 #: Policies in report order.
 STUDY_POLICIES: tuple[str, ...] = ("lru", "lfu", "gdsf", "lhd", "flop_aware", "cost_aware")
 #: Default cache sizes, fractions of the distinct blocks.
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5)
-#: Default rate scale: the ``experiment`` command's (4 × A100 at ~81 % utilisation without cache).
-DEFAULT_RATE_SCALE = 0.55
 #: Share of the window's trace time replayed to fit the reuse model (and warm every run).
 DEFAULT_TRAIN_FRACTION = 0.3
 #: P(reuse) sources of ``cost_aware`` in the study (see the module docstring).
@@ -151,7 +89,7 @@ DEFAULT_RERANK_INTERVAL_S = 10.0
 class StudySettings:
     """Inputs of one study (validated by :func:`check_settings`)."""
 
-    trace: str = "mooncake-conversation"
+    trace: str = DEFAULT_TRACE
     duration_s: float | None = None
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     policies: tuple[str, ...] = STUDY_POLICIES
@@ -364,7 +302,7 @@ def run_study(s: StudySettings, out: Path, progress: Callable[[int], None] | Non
     }
     result = {**header, "results": rows, "cost_aware_vs_lru": _gains(rows)}
     write_json(out / "eviction.json", result)
-    plot_study(rows, out / "eviction.png", f"{s.trace}, {s.workers} workers, rate scale {s.rate_scale:g}")
+    plot_eviction_study(rows, out / "eviction.png", f"{s.trace}, {s.workers} workers, rate scale {s.rate_scale:g}")
     write_study_md(out / "eviction.md", result)
     return {**result, "out": str(out)}
 
@@ -384,30 +322,6 @@ def _gains(rows: list[dict]) -> list[dict]:
                 }
             )
     return gains
-
-
-def plot_study(rows: list[dict], path: Path, caption: str) -> None:
-    """Token hit ratio, prefill seconds saved and TTFT P99 per policy vs cache fraction (three panels)."""
-    panels = (
-        ("hit_ratio", "token hit ratio"),
-        ("prefill_saved_s", "prefill saved (s)"),
-        ("ttft_p99_s", "TTFT P99 (s)"),
-    )
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
-    for ax, (key, label) in zip(axes, panels, strict=True):
-        for policy in policies:
-            points = sorted((r["cache_fraction"], r[key]) for r in rows if r["policy"] == policy)
-            ax.plot(*np.array(points).T, marker="o", label=policy)
-        ax.set_xscale("log")
-        ax.set_xlabel("cache size (fraction of distinct blocks)")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.suptitle(caption)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def study_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:

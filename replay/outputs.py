@@ -1,4 +1,4 @@
-"""What a replay writes: the DuckDB log rows, ``summary.json``, ``report.md`` and PNG plots."""
+"""What a replay writes: the DuckDB log rows, ``summary.json`` and ``report.md`` (plots: :mod:`kvcost.core.plots`)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,10 @@ import math
 from datetime import datetime
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
-
-from kvcost.core.reporting import markdown_table  # noqa: E402
-from kvcost.data.store import LogStore  # noqa: E402
-from kvcost.replay.metrics import SERVED_BY, SUMMARY_KEYS  # noqa: E402
-from kvcost.replay.simulator import ReplayResult  # noqa: E402
+from kvcost.core.reporting import markdown_table
+from kvcost.data.store import LogStore
+from kvcost.replay.metrics import SERVED_BY, SUMMARY_KEYS
+from kvcost.replay.simulator import ReplayResult
 
 
 def log_replay(
@@ -173,45 +165,3 @@ def _learned_sections(summary: dict) -> list[str]:
 
 def _p99(values: list, i: int) -> str:
     return f"{values[i]:.2f}" if i < len(values) and values[i] is not None else "–"
-
-
-_STYLES = ("-", "--", ":", "-.")
-
-
-def plot_ttft_cdf(results: dict[str, ReplayResult], path: Path, caption: str) -> None:
-    """TTFT CDF per configuration (log-scaled time axis); line styles differ so equal curves stay visible."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (name, result) in enumerate(results.items()):
-        ttft = np.sort(result.requests["actual_ttft_s"].to_numpy())
-        if ttft.size:
-            ax.plot(ttft, np.arange(1, ttft.size + 1) / ttft.size, _STYLES[i % len(_STYLES)], label=name, lw=1.6)
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("TTFT (s, log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title(f"TTFT CDF — {caption}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_queues(samples: dict[str, pd.DataFrame], path: Path, caption: str) -> None:
-    """Each worker's queued prefill tokens over replay time, one panel per run (``worker_samples``), shared y."""
-    n = len(samples)
-    fig, axes = plt.subplots(n, 1, figsize=(8, 2.4 * n + 0.8), sharex=True, sharey=True, squeeze=False)
-    for ax, (name, frame) in zip(axes[:, 0], samples.items(), strict=True):
-        for worker_id, group in frame.groupby("worker_id"):
-            ax.plot(group["t_s"], group["queued_prefill_tokens"], lw=0.7, alpha=0.75, label=f"worker {worker_id}")
-        ax.set_title(name, fontsize=10)
-        ax.set_ylabel("queued prefill\ntokens")
-        ax.grid(True, alpha=0.3)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), fontsize=8, frameon=False)
-    axes[-1, 0].set_xlabel("replay time (s)")
-    fig.suptitle(f"Queued prefill tokens per worker — {caption}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

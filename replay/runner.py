@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 
+from kvcost.core.plots import plot_hit_vs_p99, plot_p99_vs_load, plot_queues, plot_ttft_cdf
 from kvcost.core.reporting import write_json
 from kvcost.data.segments import roll_segments, segments_dir_for
 from kvcost.data.store import LogStore
@@ -36,12 +37,12 @@ from kvcost.replay.bench import (
     rate_scales,
     run_bench,
 )
-from kvcost.replay.bench_report import plot_hit_vs_p99, plot_p99_vs_load, write_bench_json, write_bench_md
+from kvcost.replay.bench_report import line_styles, marker_styles, write_bench_json, write_bench_md
 from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
 from kvcost.replay.experiment import CONFIGURATIONS, Configuration, configure, replay, study_summary
 from kvcost.replay.metrics import infinite_cache_hit_ratio, p99_by_window
 from kvcost.replay.online import OnlineSettings
-from kvcost.replay.outputs import log_replay, plot_queues, plot_ttft_cdf, write_report_md
+from kvcost.replay.outputs import log_replay, write_report_md
 from kvcost.replay.simulator import ReplayResult
 from kvcost.routing.policies import ROUTER_POLICIES
 
@@ -243,7 +244,9 @@ def _study_header(spec: RunSpec) -> dict:
 def _write_files(spec: RunSpec, summary: dict, results: dict[str, ReplayResult], run_ids: dict[str, str]) -> None:
     caption = f"{spec.trace_arg}, rate scale {spec.trace.rate_scale:g}, {spec.config.workers} workers"
     write_json(spec.out / "summary.json", summary)
-    plot_ttft_cdf(results, spec.out / "ttft_cdf.png", caption)
+    plot_ttft_cdf(
+        {k: r.requests["actual_ttft_s"].to_numpy() for k, r in results.items()}, spec.out / "ttft_cdf.png", caption
+    )
     plot_queues({k: r.worker_samples for k, r in results.items()}, spec.out / "queued_prefill_tokens.png", caption)
     plots = ["ttft_cdf.png", "queued_prefill_tokens.png"]
     lines = _setup_lines(spec, results, run_ids, summary["hit_ratio_bound_infinite_cache"])
@@ -324,8 +327,8 @@ def execute_bench(
     }
     plots = ["p99_vs_load.png", "hit_ratio_vs_p99.png", "worker_queues.png"]
     write_bench_json(out / "bench.json", header, rows)
-    plot_p99_vs_load(rows, out / plots[0])
-    plot_hit_vs_p99(rows, out / plots[1])
+    plot_p99_vs_load(rows, out / plots[0], line_styles(rows))
+    plot_hit_vs_p99(rows, out / plots[1], marker_styles(rows))
     _plot_bench_queues(rows, queue_cell, out / plots[2])
     write_bench_md(out / "bench.md", header, rows, plots)
     return {**header, "out": str(out), "results": rows}

@@ -5,10 +5,12 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kvcost.core.hardware import GPUS, MODELS
 from kvcost.core.types import Namespace
+from kvcost.data.store import DEFAULT_LOG_PATH
 from kvcost.routing.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS
 from kvcost.routing.compatibility import parse_layout
 from kvcost.routing.policies import ROUTER_POLICIES
@@ -29,39 +31,49 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class ServiceSettings(BaseModel):
-    """Configuration of ``kvcost serve`` (the CLI options map one to one).
+class ServiceSettings(BaseSettings):
+    """Configuration of ``kvcost serve``: its options are generated from these fields (``gpu_default`` is
+    ``--gpu``, ``hash_algorithm`` ``--prefix-caching-hash-algo``, ``db_path`` ``--db``).
+
+    Every field can also be set by an environment variable ``KVCOST_<FIELD>`` (case-insensitive; e.g.
+    ``KVCOST_PORT=9000``, ``KVCOST_GPU_DEFAULT=h100``, list fields as JSON:
+    ``KVCOST_KV_EVENTS='["0=tcp://engine0:5557"]'``), including those ``kvcost serve`` has no option
+    for (``KVCOST_MAX_DECISIONS``, ``KVCOST_SCRAPE_TIMEOUT_S`` ...). Precedence: keyword argument
+    (a CLI option) over environment variable over default.
 
     Refuses an unsafe setup: a non-loopback ``host`` without ``token_file``
     leaves the write endpoints open to the network, and is accepted only with
     ``insecure=True``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", env_prefix="KVCOST_")
 
-    db_path: Path = Field(description="DuckDB log the service appends to (it holds the write lock)")
+    db_path: Path = Field(DEFAULT_LOG_PATH, description="DuckDB log the service appends to (it holds the write lock)")
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI of the champion; None = analytic only")
-    token_file: Path | None = Field(None, description="file holding the bearer token of the write endpoints")
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    insecure: bool = Field(False, description="allow a non-loopback host without a token")
-    model: str = Field("llama-3-8b", description="served model's hardware profile (kvcost.core.hardware.MODELS)")
-    gpu_default: str = Field("a100", description="GPU type of a snapshot that names none")
-    block_size_tokens: int = Field(
-        512, ge=1, le=MAX_BLOCK_SIZE_TOKENS, description="block size of a namespace without one"
+    token_file: Path | None = Field(None, description="file holding the bearer token required by the write endpoints")
+    host: str = Field("127.0.0.1", description="address to listen on; non-loopback needs --token-file or --insecure")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port")
+    insecure: bool = Field(False, description="allow a non-loopback --host without a token")
+    model: str = Field(
+        "llama-3-8b", description=f"model served by every worker: {', '.join(MODELS.names())} (its hardware profile)"
     )
-    policy: str = Field("learned_cost_aware", description="router policy (ROUTER_POLICIES)")
+    gpu_default: str = Field("a100", description="GPU type of a worker snapshot that names none")
+    block_size_tokens: int = Field(
+        512, ge=1, le=MAX_BLOCK_SIZE_TOKENS, description="KV block size of a request namespace without one"
+    )
+    policy: str = Field("learned_cost_aware", description="router policy of /v1/route")
     tiers: bool = Field(
         False,
-        description="count prefixes the engines hold in CPU / disk tiers (KV events with medium CPU, ...) as "
-        "reusable, paying their load time in L (engines with an offloading connector such as LMCache)",
+        description="engines offload KV to CPU / disk (e.g. LMCache): prefixes their KV events report there "
+        "(medium CPU, ...) are reusable, paying their load time in L",
     )
     reuse_model_dir: Path | None = Field(
         None,
-        description="folder of a saved P(reuse) model (kvcost eviction-study writes one per cache size under "
-        "reuse_models/): POST /v1/evict/rank's cost_aware uses it and its H; None = the recency prior",
+        description="folder of a saved P(reuse) model for /v1/evict/rank's cost_aware, which then uses it and "
+        "its H (kvcost eviction-study writes one per cache size: OUT/reuse_models/fraction_*); default: the "
+        "recency prior",
     )
-    max_body_bytes: int = Field(16 * 2**20, ge=1024, description="larger request bodies get 413")
+    max_body_bytes: int = Field(16 * 2**20, ge=1024, description="larger request bodies are refused with 413")
     max_decisions: int = Field(100_000, ge=1, description="decisions kept in memory for /v1/observe (LRU)")
     max_workers: int = Field(65_536, ge=1, description="workers with a pushed snapshot")
     max_queued_writes: int = Field(100_000, ge=1, description="log writes queued before writes are refused")
@@ -75,8 +87,8 @@ class ServiceSettings(BaseModel):
     run_id: str | None = Field(None, max_length=128, description="log run id; None = serve-<UTC time>-<random>")
     hash_algorithm: str = Field(
         DEFAULT_HASH_ALGORITHM,
-        description="the engines' --prefix-caching-hash-algo: token ids are hashed as they hash them "
-        f"({', '.join(HASH_ALGORITHMS)}; vLLM's default is {DEFAULT_HASH_ALGORITHM})",
+        description=f"the engines' --prefix-caching-hash-algo ({', '.join(HASH_ALGORITHMS)}; vLLM's default is "
+        f"{DEFAULT_HASH_ALGORITHM}): token ids are hashed as they hash them",
     )
     hash_seed: str = Field(
         "0",
@@ -93,25 +105,27 @@ class ServiceSettings(BaseModel):
     )
     kv_events: list[str] = Field(
         default_factory=list,
-        description="vLLM KV event streams, WORKER=tcp://HOST:PORT[,tcp://HOST:PORT of its replay socket] (one "
-        "per engine); their blocks fill the directory in the namespace of event_namespace()",
+        description="vLLM KV event stream WORKER=tcp://HOST:PORT, or WORKER=PUB,REPLAY with the engine's replay "
+        "socket (missed batches are then asked for again); one per worker (repeat the option)",
     )
     served_model_name: str | None = Field(
         None,
         min_length=1,
         max_length=256,
-        description="model name requests carry (vLLM --served-model-name); None = model",
+        description="model name requests carry (the engines' --served-model-name); default: --model",
     )
     revision: str = Field(
-        "main", min_length=1, max_length=256, description="model revision of the engines (vLLM --revision)"
+        "main", min_length=1, max_length=256, description="model revision of the engines (their --revision)"
     )
-    kv_layout: str = Field("bf16-tp1", max_length=256, description="KV dtype and tensor-parallel split of the engines")
+    kv_layout: str = Field(
+        "bf16-tp1", max_length=256, description="KV dtype and tensor-parallel split of the engines, as requests name it"
+    )
     scrape: list[str] = Field(
         default_factory=list,
-        description="engines' Prometheus endpoints, WORKER=http://HOST:PORT/metrics (vLLM or SGLang); each "
-        "scrape becomes the worker's snapshot, as a POST /v1/workers/WORKER/snapshot would",
+        description="engine metrics WORKER=http://HOST:PORT/metrics (vLLM or SGLang), one per worker (repeat "
+        "the option); each scrape becomes the worker's snapshot, as a POST /v1/workers/WORKER/snapshot would",
     )
-    scrape_interval_s: float = Field(1.0, gt=0, le=3600, description="time between two scrapes of every engine")
+    scrape_interval_s: float = Field(1.0, gt=0, le=3600, description="seconds between two scrapes of every engine")
     scrape_timeout_s: float = Field(1.0, gt=0, le=60, description="limit of one scrape's HTTP request")
 
     def event_namespace(self) -> Namespace:

@@ -95,10 +95,9 @@ class SGLangCacheAwarePolicy:
       the router starts); ticks missed between decisions collapse into one trim.
     - Ties in the longest match go to the lowest candidate index. lightseekorg/smg
       (``crates/kv_index/src/string_tree.rs``) returns the node's ``last_tenant``
-      instead: the worker that created the node, while it still holds it. A replay
-      with the creator rule (mooncake-conversation, 4 workers, 600 s, rate scale
-      0.55) gave the same P99, hit ratio and worker shares. Ties in tree size go to
-      the lowest index.
+      instead: the worker that created the node, while it still holds it; a replay
+      with that rule measured the same (``docs/routing-baselines.md``). Ties in tree
+      size go to the lowest index.
     - Candidates are all workers: kvcost's hot-spot skew limit (``ctx.allowed``)
       is not part of SGLang.
 

@@ -18,7 +18,7 @@ import json, time
 from kvcost.data.traces import load_trace
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.experiment import run_experiment
-from kvcost.cli import DEFAULT_RATE_SCALE
+from kvcost.replay.settings import DEFAULT_RATE_SCALE
 t0 = time.perf_counter()
 trace = load_trace("mooncake-conversation", rate_scale=DEFAULT_RATE_SCALE)
 summary, _ = run_experiment(trace, ClusterConfig())

@@ -5,10 +5,11 @@ import numpy as np
 from kvcost.data.traces import load_trace
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.experiment import CONFIGURATIONS, configure, replay, run_experiment
+from kvcost.replay.settings import DEFAULT_RATE_SCALE
 
 
 def test_tiered_replay_composes_ttft_on_the_critical_path_and_uses_every_source():
-    trace = load_trace("mooncake-conversation", rate_scale=0.55, duration_s=600.0)
+    trace = load_trace("mooncake-conversation", rate_scale=DEFAULT_RATE_SCALE, duration_s=600.0)
     tiered = next(arm for arm in CONFIGURATIONS if arm.tiered)
     config = configure(ClusterConfig(), tiered)
     assert config.tiers is not None and config.router.tiers and config.router.transfers
@@ -26,7 +27,7 @@ def test_tiered_replay_composes_ttft_on_the_critical_path_and_uses_every_source(
 
 
 def test_no_completed_request_gives_a_diagnosis_line_not_a_crash():
-    trace = load_trace("mooncake-conversation", rate_scale=0.55, duration_s=60.0)
+    trace = load_trace("mooncake-conversation", rate_scale=DEFAULT_RATE_SCALE, duration_s=60.0)
     summary, results = run_experiment(trace, ClusterConfig(kv_capacity_blocks=1))
     assert all(r.requests.empty for r in results.values())
     assert summary["configs"]["cost_aware"]["rejected"] == len(trace)

@@ -1,0 +1,39 @@
+"""kvcost: a TTFT cost model for cache-aware LLM routing; trace-replay experiments.
+
+Every command prints a short table at the end, writes machine-readable JSON
+next to a Markdown report and PNG plots, shows a progress bar on long work,
+and exits with status 2 and a one-line reason on bad input.
+
+Two clocks: ``--start-s`` and ``--duration-s`` select a window in *trace*
+time; everything after loading (``--warmup-s``, ``--slowdown …@T_S``, plots,
+the log's ``arrival_s``) is *replay* time, i.e. trace time ÷ ``--rate-scale``.
+
+One module per command; the options of ``experiment``, ``replay``, ``bench``,
+``eviction-study`` and ``serve`` are generated from their settings models
+(:mod:`kvcost.cli.tables`, :mod:`kvcost.cli.options`).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from kvcost.cli.bench import bench
+from kvcost.cli.eviction_study import eviction_study
+from kvcost.cli.experiment import experiment
+from kvcost.cli.models import models_app
+from kvcost.cli.replay import replay
+from kvcost.cli.retrain import retrain
+from kvcost.cli.serve import serve
+from kvcost.cli.train import train
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+app.command()(experiment)
+app.command("replay")(replay)
+app.command()(bench)
+app.command("eviction-study")(eviction_study)
+app.command()(train)
+app.command()(retrain)
+app.add_typer(models_app, name="models")
+app.command()(serve)
+
+__all__ = ["app"]

@@ -1,0 +1,77 @@
+"""``kvcost bench``: every policy at ~60/80/95 % utilisation on several cluster sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import Progress
+from rich.table import Table
+
+from kvcost.cli.common import PROGRESS_COLUMNS, console, guard
+from kvcost.cli.options import with_settings
+from kvcost.cli.tables import BENCH
+from kvcost.replay.runner import bench_policies, execute_bench
+from kvcost.replay.settings import ReplaySettings
+
+
+@with_settings(BENCH)
+def bench(
+    settings: ReplaySettings,
+    quick: Annotated[bool, typer.Option(help="Replay only the first 120 s of trace time (CI smoke run).")] = False,
+    sizes: Annotated[str, typer.Option(help="Cluster sizes, comma-separated worker counts.")] = "4,8",
+    policies: Annotated[str | None, typer.Option(help="Comma-separated policies (default: all).")] = None,
+    jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = 2,
+) -> None:
+    """Every policy at ~60/80/95 % utilisation on 4 and 8 workers: bench.json, bench.md, plots."""
+
+    def parse() -> tuple[list[int], list[str]]:
+        try:
+            size_list = [int(x) for x in sizes.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"sizes = {sizes!r}, expected comma-separated integers such as '4,8'") from None
+        return size_list, bench_policies([p.strip() for p in policies.split(",")] if policies else None)
+
+    size_list, names = guard(parse)
+    with Progress(*PROGRESS_COLUMNS, console=console) as progress:
+        task = progress.add_task("bench cells", total=len(size_list) * 3 * len(names))
+        result = guard(
+            lambda: execute_bench(
+                settings.trace,
+                sizes=size_list,
+                policies=names,
+                quick=quick,
+                seed=settings.seed,
+                jobs=jobs,
+                out=settings.out,
+                progress=lambda n: progress.advance(task, n),
+            )
+        )
+    print_bench(result)
+
+
+def print_bench(result: dict) -> None:
+    """The bench table, best first per cluster size and load, and the report path."""
+    table = Table(
+        "workers",
+        "load",
+        "policy",
+        "TTFT P99 (s)",
+        "× best baseline",
+        "× oracle",
+        "hit ratio",
+        title=f"kvcost bench — {result['trace']} ({result['window']})",
+    )
+    for r in sorted(result["results"], key=lambda r: (r["workers"], r["load"], r["ttft_p99_s"])):
+        table.add_row(
+            str(r["workers"]),
+            r["load"],
+            r["policy"],
+            f"{r['ttft_p99_s']:.2f}",
+            f"{r['p99_vs_best_baseline']:.2f}",
+            f"{r['p99_vs_oracle']:.2f}",
+            f"{r['hit_ratio']:.1%}",
+        )
+    console.print(table)
+    console.print(f"report: {Path(result['out']) / 'bench.md'}")

@@ -1,0 +1,67 @@
+"""What every command shares: the consoles, the bad-input guard, the progress columns, shared options."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Annotated, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+from kvcost.data.traces import TraceFormatError
+
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+#: Columns of every progress bar.
+PROGRESS_COLUMNS = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+
+MlflowOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="MLflow tracking URI (default sqlite:///runs/mlflow.db; a SQLite store keeps its artifacts in "
+        "mlartifacts/ beside it)."
+    ),
+]
+
+T = TypeVar("T")
+
+
+def guard(body: Callable[[], T], aliases: Mapping[str, str] | None = None) -> T:
+    """Run ``body``; bad input becomes ``error: <reason>`` on stderr and exit status 2.
+
+    Bad input is ``ValueError``, ``KeyError``, ``FileNotFoundError`` or ``TraceFormatError``. A
+    reason that starts with a field name (``rate_scale = -1.0, …``) names the option instead
+    (``--rate-scale = -1.0, …``); ``aliases`` maps fields whose option has another name to that
+    option's parameter (``{"gpu_default": "gpu"}``).
+    """
+    try:
+        return body()
+    except (ValueError, KeyError, FileNotFoundError, TraceFormatError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        err_console.print(f"[red]error:[/red] {option_names(message, aliases)}", highlight=False, markup=True)
+        raise typer.Exit(code=2) from None
+
+
+def option_names(message: str, aliases: Mapping[str, str] | None = None) -> str:
+    """``rate_scale = -1.0, …`` → ``--rate-scale = -1.0, …`` when the field is a parameter of a ``kvcost`` command."""
+    field_name = message.split(" ", 1)[0].rstrip(":")
+    option = (aliases or {}).get(field_name, field_name)
+    if option not in command_parameters():
+        return message
+    return "--" + option.replace("_", "-") + message[len(field_name) :]
+
+
+def command_parameters() -> set[str]:
+    """Parameter names of every command of the ``kvcost`` app (and its sub-apps)."""
+    from kvcost.cli import app  # the app imports every command module, which import this one
+
+    typers, names = [app], set()
+    while typers:
+        current = typers.pop()
+        for command in current.registered_commands:
+            names |= set(inspect.signature(command.callback).parameters)
+        typers += [group.typer_instance for group in current.registered_groups]
+    return names

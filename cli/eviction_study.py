@@ -1,0 +1,74 @@
+"""``kvcost eviction-study``: every eviction policy at several what-if cache sizes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import Progress
+from rich.table import Table
+
+from kvcost.cli.common import PROGRESS_COLUMNS, console, guard
+from kvcost.cli.options import with_settings
+from kvcost.cli.tables import EVICTION_STUDY
+from kvcost.replay.settings import ReplaySettings
+
+
+@with_settings(EVICTION_STUDY)
+def eviction_study(
+    settings: ReplaySettings,
+    fractions: Annotated[str, typer.Option(help="Cache sizes: fractions of the trace's distinct blocks.")] = (
+        "0.05,0.1,0.25,0.5"
+    ),
+    policies: Annotated[str | None, typer.Option(help="Comma-separated eviction policies (default: all).")] = None,
+    horizon_s: Annotated[
+        float | None, typer.Option(help="cost_aware's reuse horizon H, s (default: measured on the training log).")
+    ] = None,
+    reuse_model: Annotated[
+        str, typer.Option(help="cost_aware's P(reuse): cure (default), prior or lightgbm.")
+    ] = "cure",
+    jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = 2,
+) -> None:
+    """Every eviction policy at several what-if cache sizes: eviction.json, eviction.md, eviction.png."""
+    from kvcost.replay.eviction_study import STUDY_POLICIES, StudySettings, check_settings, run_study, study_table
+
+    def parse() -> StudySettings:
+        try:
+            sizes = tuple(float(x) for x in fractions.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"fractions = {fractions!r}, expected comma-separated numbers such as 0.05,0.1") from None
+        names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else STUDY_POLICIES
+        study = StudySettings(
+            trace=settings.trace,
+            duration_s=settings.duration_s,
+            fractions=sizes,
+            policies=names,
+            rate_scale=settings.rate_scale,
+            seed=settings.seed,
+            horizon_s=horizon_s,
+            reuse_model=reuse_model,
+            jobs=jobs,
+        )
+        check_settings(study)
+        return study
+
+    study = guard(parse)
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    folder = settings.out if settings.out is not None else Path("runs") / f"eviction-{stamp}"
+    total = len(study.fractions) * (len(study.policies) + ("cost_aware" in study.policies))
+    with Progress(*PROGRESS_COLUMNS, console=console) as progress:
+        task = progress.add_task("eviction study runs", total=total)
+        result = guard(lambda: run_study(study, folder, lambda n: progress.advance(task, n)))
+    header, rows = study_table(result["results"])
+    table = Table(*header, title=f"kvcost eviction study — {result['trace']} ({result['distinct_blocks']} blocks)")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    for gain in result["cost_aware_vs_lru"]:
+        console.print(
+            f"cache {gain['cache_fraction']:g}: cost_aware saves "
+            f"{gain['prefill_saved_gain']:+.1%} prefill seconds vs lru"
+        )
+    console.print(f"report: {folder / 'eviction.md'} ({result['wall_s']:.0f} s)")

@@ -1,0 +1,36 @@
+"""``kvcost experiment``: the four configurations (and optionally the learned one) on one trace."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kvcost.cli.common import guard
+from kvcost.cli.options import with_settings
+from kvcost.cli.summary import prepare_spec, run_arms
+from kvcost.cli.tables import REPLAY
+from kvcost.replay.online import OnlineSettings
+from kvcost.replay.runner import LearnedSetup, experiment_arms
+from kvcost.replay.settings import ReplaySettings
+
+
+@with_settings(REPLAY)
+def experiment(
+    settings: ReplaySettings,
+    learned: Annotated[
+        bool, typer.Option(help="Add learned_cost_aware, routing with the MLflow champion's calibrated models.")
+    ] = False,
+    online: Annotated[bool, typer.Option(help="learned_cost_aware retrains inside the replay instead.")] = False,
+    retrain_every_s: Annotated[float, typer.Option(help="Online retraining period, replay seconds.")] = (
+        OnlineSettings().retrain_every_s
+    ),
+    mlflow_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI of the champion.")] = None,
+) -> None:
+    """Replay one trace under balanced_nocache, balanced_cache, cost_aware, cost_aware_tiered; attribute the gains."""
+    spec = prepare_spec(settings)
+    setup = None
+    if learned or online:
+        online_settings = guard(lambda: OnlineSettings(retrain_every_s=retrain_every_s)) if online else None
+        setup = LearnedSetup(online=online_settings, mlflow_uri=mlflow_uri)
+    run_arms(spec, experiment_arms(learned=setup is not None), setup)

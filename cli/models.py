@@ -1,0 +1,67 @@
+"""``kvcost models list|promote``: the kvcost-terms versions in the MLflow registry."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvcost.cli.common import MlflowOpt, console, guard
+
+models_app = typer.Typer(no_args_is_help=True, help="Review the kvcost-terms versions in the MLflow registry.")
+
+
+@models_app.command("list")
+def models_list(mlflow_uri: MlflowOpt = None) -> None:
+    """Versions, aliases and holdout metrics of kvcost-terms."""
+    from kvcost.models.mlflow_store import list_versions
+
+    rows = guard(lambda: list_versions(mlflow_uri))
+    table = Table("version", "aliases", "TTFT MAE (s)", "analytic MAE (s)", "coverage 90", "feature spec", "run")
+    for r in rows:
+        table.add_row(
+            str(r["version"]),
+            ", ".join(r["aliases"]),
+            _fmt(r["ttft_mae_s"], "{:.4f}"),
+            _fmt(r["analytic_ttft_mae_s"], "{:.4f}"),
+            _fmt(r["coverage_90"], "{:.1%}"),
+            r["feature_spec_hash"] or "",
+            r["run_id"][:12],
+        )
+    console.print(table if rows else "no kvcost-terms versions yet: run `kvcost train`")
+
+
+@models_app.command("promote")
+def models_promote(
+    version: Annotated[str | None, typer.Option(help="Version to promote (default: the challenger).")] = None,
+    force: Annotated[bool, typer.Option(help="Promote even if worse (needs --reason).")] = False,
+    reason: Annotated[str, typer.Option(help="Why a forced promotion is justified; recorded.")] = "",
+    mlflow_uri: MlflowOpt = None,
+) -> None:
+    """Move the champion alias to a version if, on the same holdout, it is no worse than the champion."""
+    from kvcost.models.mlflow_store import promote
+
+    def run():
+        try:
+            return promote(mlflow_uri, version, force, reason)
+        except LookupError as exc:
+            raise ValueError(str(exc)) from None
+
+    result = guard(run)
+    table = Table("", "TTFT MAE (s)", "coverage 90", "|coverage − 0.9|", title=result.message)
+    for name, figures in (("challenger", result.challenger), ("champion", result.champion)):
+        if figures:
+            table.add_row(
+                name,
+                f"{figures['ttft_mae_s']:.4f}",
+                f"{figures['coverage_90']:.1%}",
+                f"{figures['coverage_error']:.3f}",
+            )
+    console.print(table)
+    if not result.promoted:
+        raise typer.Exit(code=1)
+
+
+def _fmt(value, pattern: str) -> str:
+    return "–" if value is None else pattern.format(value)

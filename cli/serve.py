@@ -1,0 +1,61 @@
+"""``kvcost serve``: the scoring API on uvicorn; its options are :class:`ServiceSettings`' fields (``KVCOST_*`` too)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+
+from kvcost.cli.common import MlflowOpt, console, guard
+from kvcost.cli.options import env_name, env_value, with_settings
+from kvcost.cli.tables import SERVE
+from kvcost.serving.settings import ServiceSettings
+
+
+@with_settings(SERVE, parameter="make_settings", lazy=True)
+def serve(
+    make_settings: Callable[..., ServiceSettings],
+    mlflow_uri: MlflowOpt = None,
+    analytic_only: Annotated[
+        bool, typer.Option(help="Score with the analytic model; do not contact the model registry.")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the scoring API (POST /v1/score, /v1/route, /v1/observe …) on uvicorn until interrupted.
+
+    Every setting can also come from an environment variable KVCOST_<FIELD> (KVCOST_PORT=9000,
+    KVCOST_GPU_DEFAULT=h100); an option given wins.
+    """
+    import uvicorn
+
+    from kvcost.serving.api import create_app
+
+    def build() -> tuple[ServiceSettings, object]:
+        settings = make_settings(**registry(mlflow_uri, analytic_only))
+        return settings, create_app(settings)
+
+    settings, api = guard(build, aliases=SERVE.renames)
+    registry_text = settings.mlflow_uri or "none (analytic model)"
+    auth = "bearer token required on write endpoints" if settings.token_file else "no token"
+    reuse_dir = settings.reuse_model_dir
+    reuse = f"reuse model {reuse_dir}" if reuse_dir else "eviction P(reuse): recency prior"
+    console.print(
+        f"kvcost serve on http://{settings.host}:{settings.port} — log {settings.db_path}, registry {registry_text}, "
+        f"policy {settings.policy}, {reuse}, {auth}"
+    )
+    uvicorn.run(api, host=settings.host, port=settings.port, log_level=log_level)
+
+
+def registry(mlflow_uri: str | None, analytic_only: bool) -> dict[str, str | None]:
+    """The ``mlflow_uri`` setting of ``--mlflow-uri`` / ``--analytic-only``: None with ``--analytic-only``,
+    else the option, else ``KVCOST_MLFLOW_URI`` (nothing passed), else the default store under ``runs/``."""
+    from kvcost.models.mlflow_store import DEFAULT_TRACKING_URI
+
+    if analytic_only:
+        return {"mlflow_uri": None}
+    if mlflow_uri:
+        return {"mlflow_uri": mlflow_uri}
+    if env_value(env_name(ServiceSettings, "mlflow_uri")) is not None:
+        return {}
+    return {"mlflow_uri": DEFAULT_TRACKING_URI}

@@ -1,0 +1,61 @@
+"""Running replay arms with a progress bar and printing their comparison (``experiment``, ``replay``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.progress import Progress
+from rich.table import Table
+
+from kvcost.cli.common import PROGRESS_COLUMNS, console, guard
+from kvcost.replay.experiment import Configuration
+from kvcost.replay.outputs import comparison_rows
+from kvcost.replay.runner import LearnedSetup, RunSpec, execute, prepare
+from kvcost.replay.settings import ReplaySettings
+
+
+def prepare_spec(settings: ReplaySettings) -> RunSpec:
+    """Load the trace and check the cluster and outputs of ``settings``; bad input exits 2."""
+    arguments = settings.prepare_arguments()
+    return guard(lambda: prepare(arguments.pop("trace"), **arguments))
+
+
+def run_arms(spec: RunSpec, arms: list[Configuration], learned: LearnedSetup | None = None) -> None:
+    """Replay every arm with a progress bar, then print the summary table."""
+    with Progress(*PROGRESS_COLUMNS, console=console) as progress:
+        task = progress.add_task("replaying", total=len(spec.trace) * len(arms))
+        summary = guard(lambda: execute(spec, arms, lambda n: progress.advance(task, n), learned))
+    print_summary(summary, spec.out)
+
+
+def print_summary(summary: dict, out: Path) -> None:
+    """The comparison table, attribution, prediction error and report path of ``summary.json``."""
+    header, rows = comparison_rows(summary["configs"])
+    table = Table(*header, title=f"kvcost — {summary['trace']}, {summary['workers']} workers")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    if summary["skipped_lines"]:
+        console.print(f"skipped {summary['skipped_lines']} malformed trace line(s)")
+    if "attribution" in summary:
+        a = summary["attribution"]
+        console.print(
+            f"cache gain P50 {a['cache_gain_p50_s']:+.3f} s, P99 {a['cache_gain_p99_s']:+.3f} s; "
+            f"routing gain P50 {a['routing_gain_p50_s']:+.3f} s, P99 {a['routing_gain_p99_s']:+.3f} s"
+            + (
+                f"; tier gain P50 {a['tier_gain_p50_s']:+.3f} s, P99 {a['tier_gain_p99_s']:+.3f} s"
+                if "tier_gain_p99_s" in a
+                else ""
+            )
+        )
+    if "prediction" in summary:
+        p = summary["prediction"]
+        kinds = list(p["mae_s"])
+        console.print(
+            "holdout TTFT MAE: "
+            + ", ".join(f"{k} {p['mae_s'][k]['ttft']:.3f} s" for k in kinds)
+            + f"; 90 % coverage {p['coverage_90']:.1%}"
+        )
+    if "learned_model" in summary:
+        console.print(f"learned_cost_aware: {summary['learned_model']}")
+    console.print(f"report: {out / 'report.md'}")

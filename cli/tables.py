@@ -1,0 +1,42 @@
+"""The settings tables of the command families: which fields of which settings model each command exposes."""
+
+from __future__ import annotations
+
+from kvcost.cli.options import SettingsTable
+from kvcost.replay.settings import ReplaySettings
+from kvcost.serving.settings import ServiceSettings
+
+#: ``kvcost experiment`` and ``kvcost replay``: every replay setting.
+REPLAY = SettingsTable(ReplaySettings)
+#: ``kvcost bench``: the trace, seed and output folder (the grid fixes sizes and loads).
+BENCH = SettingsTable(ReplaySettings, include=("trace", "seed", "out"))
+#: ``kvcost eviction-study``: the trace window, load, seed and output folder (the study fixes the cluster).
+EVICTION_STUDY = SettingsTable(ReplaySettings, include=("trace", "duration_s", "rate_scale", "seed", "out"))
+#: ``kvcost serve``, in the order of its ``--help``. ``mlflow_uri`` has its own options (``--mlflow-uri``,
+#: ``--analytic-only``); the limits and timeouts are set through ``KVCOST_*`` environment variables only.
+SERVE = SettingsTable(
+    ServiceSettings,
+    include=(
+        "host",
+        "port",
+        "db_path",
+        "token_file",
+        "insecure",
+        "policy",
+        "model",
+        "gpu_default",
+        "block_size_tokens",
+        "max_body_bytes",
+        "kv_events",
+        "served_model_name",
+        "revision",
+        "kv_layout",
+        "hash_algorithm",
+        "hash_seed",
+        "scrape",
+        "scrape_interval_s",
+        "tiers",
+        "reuse_model_dir",
+    ),
+    renames={"db_path": "db", "gpu_default": "gpu", "hash_algorithm": "prefix_caching_hash_algo"},
+)

@@ -1,0 +1,89 @@
+"""The settings of a trace replay, shared by ``kvcost experiment``, ``replay``, ``bench`` and ``eviction-study``.
+
+:class:`ReplaySettings` is the one table of these options: each field's type,
+default, help text and range is defined here and the CLI's options are
+generated from it (``kvcost.cli.options``). The cluster fields take their
+defaults from :class:`kvcost.replay.config.ClusterConfig`, which also checks
+them; the trace window is checked by :func:`kvcost.data.traces.load_trace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvcost.core.hardware import MODELS
+from kvcost.data.store import DEFAULT_LOG_PATH
+from kvcost.data.traces import BUNDLED_TRACES
+from kvcost.replay.config import ClusterConfig
+
+#: Default rate scale (arrival times ÷ 0.55): it puts the balanced, cache-off configuration of the
+#: bundled conversation trace on 4 × A100 (Llama-3-8B) at about 80 % utilisation (measured: README,
+#: "the default rate scale"), loaded enough that caching and routing matter, not saturated.
+DEFAULT_RATE_SCALE = 0.55
+#: The trace a replay uses when none is named.
+DEFAULT_TRACE = "mooncake-conversation"
+
+_CLUSTER_DEFAULTS = {f.name: f.default for f in fields(ClusterConfig)}
+
+
+def _cluster_default(name: str) -> object:
+    """Default of :class:`ClusterConfig` field ``name`` (defined there once)."""
+    return _CLUSTER_DEFAULTS[name]
+
+
+class ReplaySettings(BaseModel):
+    """Trace window, cluster and outputs of one replay study (the CLI's options map one to one).
+
+    ``start_s`` and ``duration_s`` are *trace* time; ``warmup_s`` and the ``@T_S`` of a slowdown
+    are *replay* time (trace time ÷ ``rate_scale``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trace: str = Field(DEFAULT_TRACE, description=f"Bundled trace ({', '.join(BUNDLED_TRACES)}) or a path.")
+    workers: int = Field(
+        len(_cluster_default("fleet")), ge=1, description="Number of workers (ignored when --fleet is given)."
+    )
+    fleet: str | None = Field(None, description="GPU mix, e.g. 'a100:2,h100:2' (default: --workers × a100).")
+    rate_scale: float = Field(DEFAULT_RATE_SCALE, description="Arrival times are divided by this (2 = twice the load).")
+    start_s: float = Field(0.0, description="Start of the trace window, seconds of trace time.")
+    duration_s: float | None = Field(None, description="Length of the trace window, seconds of trace time.")
+    seed: int = Field(_cluster_default("seed"), description="Seed of every random stream (arrival spread, jitter).")
+    warmup_s: float = Field(
+        _cluster_default("warmup_s"), description="Simulate but do not measure arrivals before this, replay time s."
+    )
+    directory_lag_s: float = Field(
+        _cluster_default("directory_lag_s"), description="Delay of KV events to the router's directory, seconds."
+    )
+    slowdown: list[str] = Field(
+        default_factory=list,
+        description="Straggler WORKER:SPEED[@T_S]: runs at SPEED × nominal (0.6 = 60 %) from replay time T_S.",
+    )
+    token_budget: int = Field(
+        _cluster_default("token_budget"), ge=1, description="Tokens per continuous-batching step."
+    )
+    model: str = Field(
+        _cluster_default("model"), description=f"Model served by every worker: {', '.join(MODELS.names())}."
+    )
+    kv_capacity_blocks: int | None = Field(
+        _cluster_default("kv_capacity_blocks"), ge=1, description="KV blocks per worker (default: from GPU memory)."
+    )
+    gpu_memory_utilization: float = Field(
+        _cluster_default("gpu_memory_utilization"),
+        description="Share of GPU memory for weights + KV (vLLM default 0.9).",
+    )
+    jitter_sigma: float = Field(
+        _cluster_default("jitter_sigma"), description="σ of the log-normal per-step jitter (ground truth only)."
+    )
+    skip_bad_lines: bool = Field(False, description="Skip malformed trace lines and report how many.")
+    out: Path | None = Field(None, description="Output folder (default runs/<UTC timestamp>).")
+    db: Path = Field(DEFAULT_LOG_PATH, description="DuckDB log, appended to.")
+
+    def prepare_arguments(self) -> dict[str, object]:
+        """Keyword arguments of :func:`kvcost.replay.runner.prepare` (``slowdown`` → ``slowdowns``)."""
+        arguments = self.model_dump()
+        arguments["slowdowns"] = tuple(arguments.pop("slowdown"))
+        return arguments

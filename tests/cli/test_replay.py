@@ -1,0 +1,76 @@
+"""``kvcost replay``: one configuration; the cluster options reach the simulation."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvcost.cli import app
+
+runner = CliRunner()
+
+
+def test_replay_runs_one_configuration(tmp_path):
+    out = tmp_path / "r"
+    args = [
+        "replay",
+        "--policy",
+        "round_robin",
+        "--cache",
+        "off",
+        "--duration-s",
+        "20",
+        "--out",
+        str(out),
+        "--db",
+        str(tmp_path / "log.duckdb"),
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["configs"]) == ["round_robin_nocache"]
+    assert summary["configs"]["round_robin_nocache"]["max_worker_share"] == pytest.approx(0.25, abs=0.02)
+
+
+def _summary(tmp_path, name, *extra):
+    out = tmp_path / name
+    args = ["replay", "--duration-s", "20", "--out", str(out), "--db", str(tmp_path / "log.duckdb"), *extra]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "summary.json").read_text())["configs"]["cost_aware_cache"]
+
+
+def test_cluster_options_reach_the_simulation(tmp_path):
+    base = _summary(tmp_path, "base")
+    assert _summary(tmp_path, "model", "--model", "llama-2-7b") != base
+    tiny = _summary(tmp_path, "kv", "--kv-capacity-blocks", "60")
+    assert tiny["rejected"] > 0  # requests longer than 60 × 512 tokens can never be admitted
+    assert (tmp_path / "kv" / "report.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--warmup-s", "99999", "--duration-s", "30"],
+            "error: --warmup-s = 99999, expected less than the last arrival",
+        ),
+        (["--model", "gpt-4"], "unknown model 'gpt-4'"),
+        (["--gpu-memory-utilization", "1.5"], "error: --gpu-memory-utilization = 1.5"),
+    ],
+)
+def test_bad_cluster_options(tmp_path, extra, message):
+    result = runner.invoke(app, ["replay", *extra, "--out", str(tmp_path / "o"), "--db", str(tmp_path / "d.duckdb")])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_unusable_outputs_fail_before_simulating(tmp_path):
+    a_file = tmp_path / "afile"
+    a_file.write_text("not a database")
+    result = runner.invoke(app, ["replay", "--duration-s", "10", "--out", str(a_file), "--db", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "is a file, expected a folder" in result.output
+    out = tmp_path / "o"
+    result = runner.invoke(app, ["replay", "--duration-s", "10", "--out", str(out), "--db", str(a_file)])
+    assert result.exit_code == 2 and "cannot be opened" in result.output
+    assert not out.exists()  # nothing written when the log is unusable
