@@ -1,4 +1,4 @@
-"""Every package folder of the repository is listed in pyproject.toml, so a wheel install has it all."""
+"""Every package folder and bundled data file of the repository is declared in pyproject.toml: a wheel has it all."""
 
 import tomllib
 from pathlib import Path
@@ -16,3 +16,12 @@ def test_every_package_folder_is_packaged():
         if rel.parts:
             found.add("kvcost." + ".".join(rel.parts))
     assert found == listed
+
+
+def test_every_bundled_file_is_package_data():
+    # the traces and profiles ship as package data of kvcost.data (folders under data/bundled are not packages)
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = setuptools["package-data"]["kvcost.data"]
+    shipped = {path for pattern in patterns for path in (ROOT / "data").glob(pattern) if path.is_file()}
+    bundled = {path for path in (ROOT / "data" / "bundled").rglob("*") if path.is_file()}
+    assert bundled and shipped == bundled

@@ -25,6 +25,16 @@ def _frame(n=1200, seed=0):
     return frame
 
 
+@pytest.fixture(autouse=True)
+def no_requirement_inference(monkeypatch):
+    """Skip MLflow's pip-requirement inference for the per-term LightGBM copies: it loads each logged
+    model in a fresh Python subprocess (~5 s of CPU each, ten per test) to list its imports. MLflow logs
+    its fallback list (the flavour's defaults) whenever inference fails; nothing here reads either."""
+    import mlflow.models
+
+    monkeypatch.setattr(mlflow.models, "infer_pip_requirements", lambda *args, fallback=None, **kwargs: fallback)
+
+
 @pytest.fixture
 def store(tmp_path):
     return f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "artifacts"

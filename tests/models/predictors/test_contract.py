@@ -36,6 +36,20 @@ def fitted(name: str, term: str, x: np.ndarray):
     return make_term_predictor(name, term).fit(x, target_for(term, x))
 
 
+@pytest.fixture(scope="session")
+def shared_fit(tiny_features):
+    """``shared_fit(name, term)``: one predictor per case fitted on ``tiny_features`` with default params,
+    shared by the tests that only predict with it or save it (they must not refit or change it)."""
+    cache = {}
+
+    def get(name: str, term: str):
+        if (name, term) not in cache:
+            cache[name, term] = fitted(name, term, tiny_features)
+        return cache[name, term]
+
+    return get
+
+
 def test_registry_names_are_the_permanent_three():
     assert NAMES == ["analytic", "lightgbm", "sklearn"]
 
@@ -49,8 +63,8 @@ def test_class_name_matches_registered_name_and_construction_is_config_only(name
 
 
 @pytest.mark.parametrize(("name", "term"), CASES)
-def test_predict_many_shape_nonnegative_finite(name, term, tiny_features):
-    predictor = fitted(name, term, tiny_features)
+def test_predict_many_shape_nonnegative_finite(name, term, tiny_features, shared_fit):
+    predictor = shared_fit(name, term)
     y = predictor.predict_many(tiny_features)
     assert y.dtype == np.float64
     assert y.shape == (tiny_features.shape[0],)
@@ -61,12 +75,12 @@ def test_predict_many_shape_nonnegative_finite(name, term, tiny_features):
 
 
 @pytest.mark.parametrize(("name", "term"), CASES)
-def test_predictions_are_clipped_at_zero(name, term, tiny_features):
+def test_predictions_are_clipped_at_zero(name, term, tiny_features, shared_fit):
     # A negative nominal value or an extrapolating model must never give a negative time.
     x = np.array(tiny_features)
     x[:, FEATURE_NAMES.index("nominal_queue_s")] = -5.0
     x[:, FEATURE_NAMES.index("nominal_prefill_s")] = -5.0
-    assert (fitted(name, term, tiny_features).predict_many(x) >= 0).all()
+    assert (shared_fit(name, term).predict_many(x) >= 0).all()
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -82,8 +96,9 @@ def test_does_not_mutate_inputs(name, tiny_features):
 
 
 @pytest.mark.parametrize(("name", "term"), CASES)
-def test_deterministic(name, term, tiny_features):
-    first = fitted(name, term, tiny_features).predict_many(tiny_features)
+def test_deterministic(name, term, tiny_features, shared_fit):
+    # a second fit, possibly after other fits in this process, predicts the same bytes as the first
+    first = shared_fit(name, term).predict_many(tiny_features)
     second = fitted(name, term, tiny_features).predict_many(tiny_features)
     assert np.array_equal(first, second)
 
@@ -97,8 +112,8 @@ def test_fit_returns_self_and_accepts_sample_weight(name, term, tiny_features):
 
 
 @pytest.mark.parametrize(("name", "term"), CASES)
-def test_save_load_round_trip(name, term, tiny_features, tmp_path):
-    predictor = fitted(name, term, tiny_features)
+def test_save_load_round_trip(name, term, tiny_features, tmp_path, shared_fit):
+    predictor = shared_fit(name, term)
     predictor.save(tmp_path / "p")
     for loaded in (load_term_predictor(tmp_path / "p"), TERM_PREDICTORS.get(name).load(tmp_path / "p")):
         assert type(loaded) is type(predictor)
@@ -107,8 +122,8 @@ def test_save_load_round_trip(name, term, tiny_features, tmp_path):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_manifest_contents(name, tiny_features, tmp_path):
-    predictor = fitted(name, "queue", tiny_features)
+def test_manifest_contents(name, tmp_path, shared_fit):
+    predictor = shared_fit(name, "queue")
     predictor.save(tmp_path)
     manifest = json.loads((tmp_path / MANIFEST_FILE).read_text())
     assert manifest["name"] == name
@@ -125,8 +140,8 @@ def test_manifest_contents(name, tiny_features, tmp_path):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_load_under_another_feature_spec_raises(name, tiny_features, tmp_path):
-    fitted(name, "queue", tiny_features).save(tmp_path)
+def test_load_under_another_feature_spec_raises(name, tmp_path, shared_fit):
+    shared_fit(name, "queue").save(tmp_path)
     manifest_path = tmp_path / MANIFEST_FILE
     manifest = json.loads(manifest_path.read_text())
     manifest["feature_spec_hash"] = "0123456789abcdef"
@@ -212,15 +227,15 @@ def test_load_without_manifest_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_load_of_another_kind_is_refused(name, tiny_features, tmp_path):
-    fitted(name, "queue", tiny_features).save(tmp_path)
+def test_load_of_another_kind_is_refused(name, tmp_path, shared_fit):
+    shared_fit(name, "queue").save(tmp_path)
     other = next(n for n in NAMES if n != name)
     with pytest.raises(ValueError, match=f"holds a '{name}' term predictor, not '{other}'"):
         TERM_PREDICTORS.get(other).load(tmp_path)
 
 
-def test_fitted_manifest_without_model_file_is_a_clear_error(tiny_features, tmp_path):
-    fitted("lightgbm", "queue", tiny_features).save(tmp_path)
+def test_fitted_manifest_without_model_file_is_a_clear_error(tmp_path, shared_fit):
+    shared_fit("lightgbm", "queue").save(tmp_path)
     (tmp_path / "model.txt").unlink()
     with pytest.raises(FileNotFoundError, match="manifest says fitted but model.txt is missing"):
         load_term_predictor(tmp_path)
