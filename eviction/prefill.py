@@ -2,7 +2,7 @@
 
 The prefill seconds a cached block saves come from the SAME prefill
 predictor the router uses (:meth:`TermModelSet.predict` on rows built by
-:func:`kvcost.features.build.build_features`), evaluated once per depth on an
+:func:`kvcost.features.build.feature_columns`), evaluated once per depth on an
 idle worker and read from a table afterwards (Vidur-style precomputation,
 STYLE.md): a block at depth d (d blocks before it) saves the prefill of its
 ``block_size_tokens`` tokens with ``d × block_size_tokens`` tokens of context.
@@ -22,7 +22,7 @@ import numpy as np
 
 from kvcost.core.hardware import FLOPS_PER_MAC, StepTimeModel
 from kvcost.core.types import DirectoryMatch, Namespace, RouteRequest, WorkerSnapshot
-from kvcost.features.build import build_features
+from kvcost.features.build import feature_columns, stack_features
 from kvcost.features.nominal import NominalCosts
 
 #: Depths tabulated by default: 256 blocks of 512 tokens = 131,072 tokens (longest Mooncake prompts ≈ 126k).
@@ -102,7 +102,9 @@ def prefill_saved_table(
         request = RouteRequest(depth, 0.0, input_tokens, tuple(range(depth + 1)), namespace)
         matches = [DirectoryMatch(0, depth, "gpu" if depth else "none", 0.0), DirectoryMatch(0, depth + 1, "gpu", 0.0)]
         reusable = [depth * block_size_tokens, (depth + 1) * block_size_tokens]
-        rows.append(build_features(request, [snapshot, snapshot], matches, reusable, {gpu: step_model}, costs))
+        rows.append(
+            stack_features(feature_columns(request, [snapshot, snapshot], matches, reusable, {gpu: step_model}, costs))
+        )
     prefill_s = np.asarray(cost_model.predict(np.vstack(rows)).prefill_s, dtype=np.float64)
     return np.maximum(0.0, prefill_s[0::2] - prefill_s[1::2])
 

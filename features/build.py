@@ -23,27 +23,6 @@ if TYPE_CHECKING:
     from kvcost.core.types import DirectoryMatch, ReusePlan, RouteRequest, WorkerSnapshot
 
 
-def build_features(
-    request: RouteRequest,
-    snapshots: Sequence[WorkerSnapshot],
-    matches: Sequence[DirectoryMatch],
-    reusable_tokens: Sequence[int],
-    step_models: Mapping[str, StepTimeModel],
-    costs: NominalCosts,
-    plans: Sequence[ReusePlan] | None = None,
-) -> np.ndarray:
-    """Feature matrix for one request over its candidates: :func:`feature_columns` stacked.
-
-    Returns:
-        float64 array of shape ``(n_candidates, len(FEATURE_SPEC))``, columns in
-        ``FEATURE_NAMES`` order.
-
-    Raises:
-        KeyError: a snapshot's GPU type has no step model.
-    """
-    return stack_features(feature_columns(request, snapshots, matches, reusable_tokens, step_models, costs, plans))
-
-
 def stack_features(columns: Mapping[str, np.ndarray]) -> np.ndarray:
     """The float64 ``(n, len(FEATURE_NAMES))`` matrix of :func:`feature_columns`, columns in ``FEATURE_NAMES`` order.
 
@@ -80,7 +59,7 @@ def feature_columns(
 
     Returns:
         Feature name → array of shape ``(n_candidates,)`` in the spec's unit (int64 or float64;
-        :func:`build_features` stacks them as float64).
+        :func:`stack_features` stacks them as float64).
 
     Raises:
         KeyError: a snapshot's GPU type has no step model.

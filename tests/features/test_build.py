@@ -1,11 +1,11 @@
-"""Tests for kvcost.features.build (build_features) on the linear step model (tests/conftest.py)."""
+"""Tests for kvcost.features.build (feature_columns, stack_features) on the linear step model (tests/conftest.py)."""
 
 import numpy as np
 import pytest
 
 from kvcost.core.links import LinkSpec
 from kvcost.core.types import DirectoryMatch, Namespace, ReusePlan, RouteRequest
-from kvcost.features.build import build_features, feature_columns
+from kvcost.features.build import feature_columns, stack_features
 from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 
@@ -37,7 +37,7 @@ def case(linear_step_model, make_snapshot):
 
 
 def build(snapshots, matches, reusable, models):
-    return build_features(REQUEST, snapshots, matches, reusable, models, NominalCosts())
+    return stack_features(feature_columns(REQUEST, snapshots, matches, reusable, models, NominalCosts()))
 
 
 def test_shape_and_exact_columns(case):
@@ -97,7 +97,9 @@ def test_plans_price_tier_loads_and_transfers(linear_step_model, make_snapshot):
     ]
     snapshots = [make_snapshot(0, load_backlog_s=0.25), make_snapshot(1, transfer_backlog_s=0.5)]
     matches = [DirectoryMatch(0, 2, "disk", 0.0), DirectoryMatch(1, 0, "none", 0.0)]
-    x = build_features(request, snapshots, matches, [1024, 1024], {"linear-gpu": linear_step_model}, costs, plans)
+    x = stack_features(
+        feature_columns(request, snapshots, matches, [1024, 1024], {"linear-gpu": linear_step_model}, costs, plans)
+    )
     block_bytes = linear_step_model.model.kv_bytes_per_token * 512
 
     def column(name):
@@ -117,13 +119,15 @@ def test_plans_price_tier_loads_and_transfers(linear_step_model, make_snapshot):
 def test_tier_is_zero_without_reusable_tokens(linear_step_model, make_snapshot):
     # the directory reports a GPU block, but a 1-token prompt reuses nothing
     request = RouteRequest(0, 0.0, 1, (5,), Namespace("linear"))
-    x = build_features(
-        request,
-        [make_snapshot(0)],
-        [DirectoryMatch(0, 1, "gpu", 0.0)],
-        [0],
-        {"linear-gpu": linear_step_model},
-        NominalCosts(),
+    x = stack_features(
+        feature_columns(
+            request,
+            [make_snapshot(0)],
+            [DirectoryMatch(0, 1, "gpu", 0.0)],
+            [0],
+            {"linear-gpu": linear_step_model},
+            NominalCosts(),
+        )
     )
     assert x[0, FEATURE_INDEX["reusable_tier"]] == 0.0
 

@@ -3,7 +3,7 @@
 The replay logs one feature row per candidate. Here the router's inputs (the
 request, the workers' snapshots and the directory matches) are captured at the
 moment of each decision — copies of what existed then, nothing from later —
-and the rows are rebuilt with ``build_features``; they must equal the logged
+and the rows are rebuilt with ``feature_columns``; they must equal the logged
 rows exactly, so nothing known only after the decision can have entered.
 """
 
@@ -12,7 +12,7 @@ import copy
 import numpy as np
 
 from kvcost.core.types import reusable_tokens_for
-from kvcost.features.build import build_features
+from kvcost.features.build import feature_columns, stack_features
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.simulator import ClusterSimulator
@@ -39,7 +39,9 @@ def test_logged_features_rebuild_from_decision_time_state():
             reusable_tokens_for(m.reusable_blocks, request.namespace.block_size_tokens, request.input_tokens)
             for m in matches
         ]
-        rebuilt = build_features(request, snapshots, matches, reuse, sim.step_models, sim.router.settings.costs)
+        rebuilt = stack_features(
+            feature_columns(request, snapshots, matches, reuse, sim.step_models, sim.router.settings.costs)
+        )
         rows = logged[logged["request_id"] == request_id][list(FEATURE_NAMES)].to_numpy()
         assert np.array_equal(rows, rebuilt), request_id
     assert len(captured) == len(trace.requests) == logged["request_id"].nunique()
