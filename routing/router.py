@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcost.core.composition import CalibratedTTFT
+from kvcost.core.composition import CalibratedTTFT, TermPredictions
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import (
     REMOTE_STORE_ID,
@@ -32,7 +32,7 @@ from kvcost.features.nominal import NominalCosts
 from kvcost.models.term_set import TermModelSet
 from kvcost.routing.compatibility import conversion_factor, serves
 from kvcost.routing.directory import CacheDirectory
-from kvcost.routing.policies import PolicyContext, make_policy
+from kvcost.routing.policies import PolicyContext, argmin_stable, make_policy
 
 _log = logging.getLogger(__name__)
 
@@ -114,6 +114,44 @@ def _fetch_reason(plan: ReusePlan, ctx: PolicyContext, local_s: float, index: in
     )
 
 
+def keep_prefix_holders(
+    allowed: np.ndarray, matched_blocks: np.ndarray, queue_s: np.ndarray, score_s: np.ndarray
+) -> np.ndarray:
+    """The skew limit's ``allowed`` mask with the request's prefix holders put back where they queue no longer.
+
+    The skew limit exists to keep a hot worker from queueing: it spreads load by
+    excluding workers over their share of recently routed tokens. Where the
+    worker holding the request's prefix has an empty predicted queue, or one no
+    longer than the best allowed alternative's, excluding it prevents no
+    queueing at all: it only adds prefill (the prefix is recomputed elsewhere)
+    and scatters the conversation's or family's KV over several workers, which
+    lowers every later hit. That holds on any workload, since it compares the
+    queue terms the router already predicted. kvcost issue 13: 8 conversations
+    × 10 turns at ~1 % utilisation on 4 workers, ``cost_aware`` moved 5 of 72
+    turns off the conversation's worker, twice to a worker predicted at 1.08 s
+    and 1.19 s over the holder at 0.137 s and 0.135 s.
+
+    Args:
+        allowed: bool ``(n,)``, the share rule's verdict, at least one True.
+        matched_blocks: int ``(n,)`` directory-matched prefix blocks per candidate.
+        queue_s: predicted queue term per candidate, seconds ``(n,)``.
+        score_s: the score the cost-aware policies rank by (lower is better), seconds ``(n,)``.
+
+    Returns:
+        bool ``(n,)``: ``allowed``, plus every excluded candidate with the longest
+        match (> 0 blocks) whose ``queue_s`` is ≤ 0 or ≤ that of the best-scored
+        allowed candidate (lowest index on ties). A holder whose queue is longer
+        stays excluded: there the limit still protects the hot worker.
+    """
+    longest = matched_blocks.max()
+    if longest <= 0:
+        return allowed
+    alternative = argmin_stable(score_s, allowed)
+    holders = (matched_blocks == longest) & ~allowed
+    no_longer = (queue_s <= 0.0) | (queue_s <= queue_s[alternative])
+    return allowed | (holders & no_longer)
+
+
 class Router:
     """Cache- and load-aware router.
 
@@ -183,7 +221,7 @@ class Router:
             reusable_tokens=reusable,
             predictions=predictions,
             load_tokens=load,
-            allowed=self._skew_allowed(worker_ids),
+            allowed=self._skew_allowed(worker_ids, matches, predictions, calibrated),
             now_s=now_s,
             matches=tuple(matches),
             step_models=self.step_models,
@@ -336,13 +374,30 @@ class Router:
         chosen = (reusable[index], features[index], predictions.take(index), chosen_calibrated, chosen_plans)
         return (*chosen, score[:n], load)
 
-    def _skew_allowed(self, worker_ids: tuple[int, ...]) -> np.ndarray:
+    def _skew_allowed(
+        self,
+        worker_ids: tuple[int, ...],
+        matches: Sequence[DirectoryMatch],
+        predictions: TermPredictions,
+        calibrated: CalibratedTTFT | None,
+    ) -> np.ndarray:
+        """Which candidates the hot-spot skew limit allows, bool ``(n,)`` (never all False).
+
+        A worker whose share of the window's routed input tokens exceeds
+        ``(1 + max_share_over_mean) / n`` is excluded (everyone is allowed when
+        everyone is over), except a prefix holder that would not queue longer:
+        see :func:`keep_prefix_holders`.
+        """
         total = sum(self._window_tokens.values())
         if total == 0:
             return np.ones(len(worker_ids), dtype=bool)
         cap = (1.0 + self.settings.max_share_over_mean) / len(worker_ids)
         allowed = np.array([self._window_tokens.get(w, 0) / total <= cap for w in worker_ids])
-        return allowed if allowed.any() else np.ones(len(worker_ids), dtype=bool)
+        if not allowed.any():
+            return np.ones(len(worker_ids), dtype=bool)
+        score_s = calibrated.p50_s if calibrated is not None else predictions.ttft_s
+        blocks = np.array([m.reusable_blocks for m in matches], dtype=np.int64)
+        return keep_prefix_holders(allowed, blocks, predictions.queue_s, score_s)
 
     def _record(self, worker_id: int, tokens: int) -> None:
         if len(self._window) == self._window.maxlen:

@@ -15,7 +15,14 @@ from kvcost.core.types import Namespace, ReusePlan, RouteRequest
 from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.routing.directory import CacheDirectory
-from kvcost.routing.router import NoCompatibleCandidate, Router, RouterSettings, compatible_candidates, load_tokens
+from kvcost.routing.router import (
+    NoCompatibleCandidate,
+    Router,
+    RouterSettings,
+    compatible_candidates,
+    keep_prefix_holders,
+    load_tokens,
+)
 
 NS = Namespace("linear", block_size_tokens=512)
 
@@ -195,6 +202,56 @@ def test_skew_limit_does_not_apply_to_least_loaded(make_router, make_snapshot):
     router = make_router(policy="least_loaded", max_share_over_mean=0.0)
     snaps = [make_snapshot(0), make_snapshot(1, waiting_prefill=((5, 0),))]
     assert [router.route(request(100, [], i), snaps, 0.0).worker_id for i in range(3)] == [0, 0, 0]
+
+
+def route_hot_family(router, make_snapshot, queue_s, n):
+    """Route ``n`` 17-block requests extending worker 0's 16 GPU blocks to 3 idle workers (skew cap 0.5)."""
+    router.cost_model = FixedCostModel(queue_s=queue_s, prefill_s=[0.0, 0.15, 0.15])
+    snaps = [make_snapshot(w) for w in (0, 1, 2)]
+    return [router.route(request(8704, range(1, 18), i), snaps, float(i)) for i in range(n)]
+
+
+def test_skew_limit_keeps_the_prefix_holder_when_its_queue_is_empty(make_router, make_snapshot):
+    # kvcost issue 13: from the 2nd request worker 0 holds 100 % of the window (cap 50 %); the old
+    # rule excluded it and sent the family to worker 1 (150 ms, no reuse) although 0 had no queue
+    router = make_router(hot_directory(), max_share_over_mean=0.5)
+    decisions = route_hot_family(router, make_snapshot, [0.0, 0.0, 0.0], 3)
+    assert [d.worker_id for d in decisions] == [0, 0, 0]
+    assert decisions[-1].reason == "min predicted TTFT 0.0 ms, reuse 8192 tokens"
+
+
+def test_skew_limit_still_excludes_a_prefix_holder_that_queues_longer(make_router, make_snapshot):
+    # holder 0: 200 ms queue + no prefill; 1 and 2: 100 ms queue + 150 ms prefill. Over its share,
+    # worker 0 queues longer than the best allowed alternative (worker 1): the limit applies
+    router = make_router(hot_directory(), max_share_over_mean=0.5)
+    decisions = route_hot_family(router, make_snapshot, [0.2, 0.1, 0.1], 4)
+    # 1st: empty window; 2nd: worker 0 at 100 %; 3rd: 50/50 (inclusive cap); 4th: worker 0 at 2/3
+    assert [d.worker_id for d in decisions] == [0, 1, 0, 1]
+    assert decisions[1].reason == (
+        "min predicted TTFT 250.0 ms, reuse 0 tokens; best-hit worker 0 not chosen (skew limit)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("allowed", "blocks", "queue_s", "expected"),
+    [
+        # holder 0 excluded, empty queue: put back
+        ([False, True, True], [4, 0, 0], [0.0, 0.1, 0.1], [True, True, True]),
+        # queue equal to the best alternative's (1, by score): put back
+        ([False, True, True], [4, 0, 0], [0.1, 0.1, 0.0], [True, True, True]),
+        # shorter than the best alternative's (1, by score), though 2 has none: put back
+        ([False, True, True], [4, 0, 0], [0.2, 0.3, 0.0], [True, True, True]),
+        # longer than the best alternative's (1, by score), though shorter than 2's: stays out
+        ([False, True, True], [4, 0, 0], [0.2, 0.1, 0.3], [False, True, True]),
+        # only the longest match counts; no match at all changes nothing
+        ([False, False, True], [4, 2, 0], [0.0, 0.0, 0.1], [True, False, True]),
+        ([False, True, True], [0, 0, 0], [0.0, 0.1, 0.1], [False, True, True]),
+    ],
+)
+def test_keep_prefix_holders(allowed, blocks, queue_s, expected):
+    score_s = np.array([0.0, 0.5, 0.6])  # candidate 1 is the best-scored allowed alternative where allowed
+    kept = keep_prefix_holders(np.array(allowed), np.array(blocks), np.array(queue_s), score_s)
+    assert kept.tolist() == expected
 
 
 @pytest.mark.parametrize(
