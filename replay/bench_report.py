@@ -97,17 +97,17 @@ def reading(rows: list[dict]) -> str:
     for workers, load in _groups(rows):
         group = {r["policy"]: r for r in rows if r["workers"] == workers and r["load"] == load}
         base = best_baseline(rows, workers, load)
-        line = f"{workers} workers at {load} load: "
-        if base:
-            line += f"best baseline {base} (P99 {group[base]['ttft_p99_s']:.2f} s)"
+        parts = [f"best baseline {base} (P99 {group[base]['ttft_p99_s']:.2f} s)"] if base else []
         for name in KVCOST_POLICIES:
             if name in group:
                 r = group[name]
-                line += (
-                    f"; {name} P99 {r['ttft_p99_s']:.2f} s = {_ratio(r.get('p99_vs_best_baseline'))} the best "
-                    f"baseline, {_ratio(r.get('p99_vs_oracle'))} the oracle"
-                )
-        sentences.append(line + ".")
+                part = f"{name} P99 {r['ttft_p99_s']:.2f} s"
+                if base:
+                    part += f" = {_ratio(r.get('p99_vs_best_baseline'))} the best baseline"
+                if "oracle" in group:
+                    part += f", {_ratio(r.get('p99_vs_oracle'))} the oracle"
+                parts.append(part)
+        sentences.append(f"{workers} workers at {load} load: " + "; ".join(parts) + ".")
         sentences += _hit_ratio_warnings(group)
     return " ".join(sentences)
 

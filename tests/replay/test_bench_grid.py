@@ -65,6 +65,24 @@ def test_reading_flags_higher_hit_ratio_with_worse_p99():
     assert "3.0× worse (max worker share 70%" in text
 
 
+@pytest.mark.parametrize(
+    ("policies", "expected"),
+    [
+        (["least_loaded", "cost_aware"], "4 workers at 80% load: cost_aware P99 6.00 s."),
+        (
+            ["dynamo_kv", "cost_aware"],
+            "4 workers at 80% load: best baseline dynamo_kv (P99 10.00 s); cost_aware "
+            "P99 6.00 s = 0.60× the best baseline.",
+        ),
+    ],
+)
+def test_reading_names_only_the_references_that_ran(policies, expected):
+    p99_s = {"least_loaded": 12.0, "dynamo_kv": 10.0, "cost_aware": 6.0}
+    rows = [_row(name, p99_s[name]) for name in policies]
+    add_ratios(rows)
+    assert reading(rows).startswith(expected)
+
+
 @pytest.mark.slow
 def test_bench_quick_writes_every_output(tmp_path):
     args = [
