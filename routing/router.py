@@ -163,7 +163,9 @@ class Router:
             :class:`~kvcost.models.term_set.TermModelSet` (or anything with ``predict``,
             ``calibrate`` and ``learned``). None = the analytic model.
             A ``learned`` policy (``learned_cost_aware``) without a learned model
-            falls back to the analytic one and says so once (a log warning and ``fallbacks``).
+            falls back to the analytic one and says so once (a log warning and ``fallbacks``);
+            a policy with its own model (``own_model``: ``llmd_predicted_latency``) does not
+            route on the term models, so it is not warned about.
 
     Thread safety: not thread-safe (the skew window and stateful policies
     change on every decision); one router per event loop.
@@ -188,7 +190,7 @@ class Router:
 
     def set_cost_model(self, cost_model: TermModelSet | None) -> None:
         """Swap the cost model (e.g. newly retrained models); None = the analytic model."""
-        if cost_model is None and self.policy.learned and not self.fallbacks:
+        if cost_model is None and self.policy.learned and not self.policy.own_model and not self.fallbacks:
             _log.warning("%s has no learned model: routing with the analytic model", self.policy.name)
             self.fallbacks += 1
         self.cost_model = cost_model if cost_model is not None else TermModelSet.analytic()

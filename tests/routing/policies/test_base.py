@@ -91,3 +91,14 @@ def test_a_learned_policy_without_a_learned_model_warns_once_because_of_its_flag
     assert [r.getMessage() for r in caplog.records if r.name == "kvcost.routing.router"] == [
         "least_loaded has no learned model: routing with the analytic model"
     ]
+
+
+def test_a_policy_with_its_own_model_does_not_warn_about_the_term_models(monkeypatch, caplog):
+    step_models = {"a100": ClusterSimulator(ClusterConfig(fleet=("a100",)), 16).step_models["a100"]}
+    monkeypatch.setattr(LeastLoadedPolicy, "learned", True)
+    monkeypatch.setattr(LeastLoadedPolicy, "own_model", True)
+    with caplog.at_level(logging.WARNING, logger="kvcost.routing.router"):
+        router = Router(CacheDirectory(), step_models, RouterSettings(policy="least_loaded"))
+        router.set_cost_model(None)
+    assert router.fallbacks == 0
+    assert [r for r in caplog.records if r.name == "kvcost.routing.router"] == []
