@@ -1,7 +1,7 @@
 """The calibrator registry, the calibrator contract and shared input checks.
 
 Every calibrator is registered by a permanent name in :data:`CALIBRATORS`
-(DESIGN.md §3, "Rules of the house"); a duplicate name is a ``ValueError``
+(docs/architecture.md §3, "Rules of the house"); a duplicate name is a ``ValueError``
 raised by :class:`~kvcost.core.registry.Registry`. Importing
 :mod:`kvcost.calibration` registers ``"isotonic"``
 (:class:`~kvcost.calibration.isotonic.IsotonicCalibrator`) and ``"conformal"``

@@ -1,4 +1,4 @@
-"""Composition of the TTFT terms along the critical path (DESIGN.md §1).
+"""Composition of the TTFT terms along the critical path (docs/architecture.md §1).
 
 T_i ≈ Q_i + L_i + X_i + P_i + F_i holds only for a serial path. A KV transfer
 (X) runs while the request waits in the queue (Q), so the two overlap and the
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-#: Term names in DESIGN.md order; log columns are ``pred_<term>_s`` / ``actual_<term>_s``.
+#: Term names in docs/architecture.md order; log columns are ``pred_<term>_s`` / ``actual_<term>_s``.
 TERMS: tuple[str, ...] = ("queue", "lookup", "transfer", "prefill", "first_token")
 
 

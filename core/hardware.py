@@ -91,7 +91,7 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes per token (DESIGN.md §7).
+        """KV-cache bytes per token (docs/architecture.md §7).
 
         2 (K and V) × num_layers × num_kv_heads × head_dim × dtype_bytes.
         """

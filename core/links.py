@@ -1,7 +1,7 @@
 """Data paths that move KV between tiers and workers, and their default speeds.
 
 A transfer of ``D`` bytes over a path takes ``T_setup + D / B_effective``
-(DESIGN.md §1's lower bound), before any queueing behind other transfers on the
+(docs/architecture.md §1's lower bound), before any queueing behind other transfers on the
 same path (modelled by ``kvcost.replay.tiers.Link``).
 
 Defaults (assumptions unless a source is named):
@@ -12,7 +12,7 @@ Defaults (assumptions unless a source is named):
 * :data:`DISK_TO_CPU`: 5 GB/s (one PCIe 4.0 NVMe SSD's sequential read), 100 µs
   setup (NVMe read latency).
 * :data:`NETWORK` (another worker or the remote store → this worker): 12 GiB/s
-  with 1 ms setup (DESIGN.md §1's example; the setup covers the request, memory
+  with 1 ms setup (docs/architecture.md §1's example; the setup covers the request, memory
   registration and preparation).
 """
 

@@ -1,7 +1,7 @@
 """Measured GPU operator profiles (Microsoft Vidur) bundled with kvcost.
 
 Source: github.com/microsoft/vidur, ``data/profiles/compute/<gpu>/<provider>/<model>/mlp.csv``
-at commit 7d47513363ec447a741ac5e47241580b47724fbf, MIT licence (DESIGN.md §8). The
+at commit 7d47513363ec447a741ac5e47241580b47724fbf, MIT licence (docs/architecture.md §8). The
 files are produced by ``vidur/profiling/mlp/main.py``: one CUDA-timed forward pass of
 a single transformer block per (num_tokens, tensor-parallel degree), several repeats
 per point. Times are **milliseconds per layer** (``emb`` once per forward pass).

@@ -1,4 +1,4 @@
-"""One registry per pluggable kind (DESIGN.md §3, "Rules of the house").
+"""One registry per pluggable kind (docs/architecture.md §3, "Rules of the house").
 
 A :class:`Registry` maps a permanent name (used on the CLI and in stored runs)
 to an implementation. Registering a name twice is an error, and looking up an

@@ -1,4 +1,4 @@
-"""Parameter and result objects at the router's boundary (STYLE.md §4).
+"""Parameter and result objects at the router's boundary.
 
 Plain frozen dataclasses; the HTTP wire format gets its own pydantic models.
 All times in seconds, all sizes in tokens or blocks as the names say.
@@ -12,7 +12,7 @@ import numpy as np
 
 from kvcost.core.composition import CalibratedTTFT, TermPredictions
 
-#: Tier codes used by ``reusable_tier`` (DESIGN.md §2 tiers); 0 means no reusable prefix.
+#: Tier codes used by ``reusable_tier`` (docs/architecture.md §2 tiers); 0 means no reusable prefix.
 TIER_CODES: dict[str, int] = {"none": 0, "gpu": 1, "cpu": 2, "disk": 3, "remote": 4}
 
 #: Worker id under which the shared remote store's blocks are indexed (tier ``"remote"``).
@@ -21,7 +21,7 @@ REMOTE_STORE_ID = -1
 
 @dataclass(frozen=True, slots=True)
 class Namespace:
-    """Compatibility key of a KV cache (DESIGN.md §2).
+    """Compatibility key of a KV cache (docs/architecture.md §2).
 
     Two requests can share KV only within the same namespace: same model and
     revision, adapter (LoRA), block size, KV layout (dtype, tensor-parallel

@@ -1,4 +1,4 @@
-"""Request-trace loaders (DESIGN.md §8): Mooncake JSONL and Azure LLM CSV traces.
+"""Request-trace loaders (docs/architecture.md §8): Mooncake JSONL and Azure LLM CSV traces.
 
 A trace is a time-ordered list of requests, each with an arrival time, input and
 output token counts and the ids of the input's KV-cache blocks. Identical block

@@ -1,4 +1,4 @@
-"""KV-cache eviction policies registered by name (DESIGN.md §5): ``lru``, ``lfu``, ``gdsf``, ``lhd``,
+"""KV-cache eviction policies registered by name (docs/architecture.md §5): ``lru``, ``lfu``, ``gdsf``, ``lhd``,
 ``flop_aware``, ``cost_aware``; the vectorised ranking and the incremental index a block pool uses."""
 
 from kvcost.eviction import cost_aware, flop_aware, gdsf, lhd, recency  # noqa: F401  (registration)

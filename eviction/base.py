@@ -1,4 +1,4 @@
-"""The eviction-policy contract, the node table it ranks and the vectorised ranking (DESIGN.md §5).
+"""The eviction-policy contract, the node table it ranks and the vectorised ranking (docs/architecture.md §5).
 
 A policy maps a table of *idle* cached blocks (prefix nodes, reference count
 0) to value terms; the node with the **lowest** ``value`` is evicted first.

@@ -1,5 +1,5 @@
 """``cost_aware``: kvcost's value = P(reuse within H) × prefill seconds lost by evicting ÷ bytes held
-(DESIGN.md §5)."""
+(docs/architecture.md §5)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class CostAwarePolicy(EvictionPolicy):
     :class:`~kvcost.models.reuse.ReuseClassifier` (LightGBM on the block's
     history, :data:`~kvcost.features.spec.EVICTION_FEATURE_SPEC`), or, without
     one, :func:`~kvcost.eviction.base.recency_prior`.
-    Formula: DESIGN.md §5 and issue 6 (value per byte, as in size-aware caching,
+    Formula: docs/architecture.md §5 and issue 6 (value per byte, as in size-aware caching,
     e.g. GreedyDual-Size, Cao and Irani, USITS 1997, without its ageing term).
     ``prefill_saved_s`` comes from the router's own prefill predictor (see
     :mod:`kvcost.eviction.prefill`). P(reuse) decays with idle time,

@@ -3,8 +3,8 @@
 The prefill seconds a cached block saves come from the SAME prefill
 predictor the router uses (:meth:`TermModelSet.predict` on rows built by
 :func:`kvcost.features.build.feature_columns`), evaluated once per depth on an
-idle worker and read from a table afterwards (Vidur-style precomputation,
-STYLE.md): a block at depth d (d blocks before it) saves the prefill of its
+idle worker and read from a table afterwards (a precomputation,
+as vidur reads its predictions from a table): a block at depth d (d blocks before it) saves the prefill of its
 ``block_size_tokens`` tokens with ``d × block_size_tokens`` tokens of context.
 It is measured as the difference between two predictions for a request of
 ``(d + 1) × block_size + 1`` tokens (one token past the block is always

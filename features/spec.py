@@ -1,4 +1,4 @@
-"""The one feature schema of kvcost (DESIGN.md §3, "One feature schema").
+"""The one feature schema of kvcost (docs/architecture.md §3, "One feature schema").
 
 Every feature the cost model, the router log and (later) eviction use is
 declared here once: name, dtype, unit and description. A feature row

@@ -37,7 +37,7 @@ from kvcost.routing.router import RouterSettings
 
 _log = logging.getLogger(__name__)
 
-#: The production routers kvcost is measured against (DESIGN.md §7), in report order.
+#: The production routers kvcost is measured against (docs/architecture.md §7), in report order.
 BASELINES: tuple[str, ...] = (
     "sglang_cache_aware",
     "dynamo_kv",

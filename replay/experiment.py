@@ -1,4 +1,4 @@
-"""The experiment that separates cache gain, routing gain and tier gain (DESIGN.md §4).
+"""The experiment that separates cache gain, routing gain and tier gain (docs/architecture.md §4).
 
 The same arrival trace is replayed under
 
@@ -90,7 +90,7 @@ def attribution(configs: dict[str, dict]) -> dict[str, float]:
 
 
 def diagnose(configs: dict[str, dict], results: dict[str, ReplayResult]) -> list[str]:
-    """DESIGN.md §4's diagnosis, in its order, each line backed by a number from the log."""
+    """docs/architecture.md §4's diagnosis, in its order, each line backed by a number from the log."""
     if any(results[name].requests.empty for name in ("balanced_cache", "cost_aware")):
         return [
             "No diagnosis: no measured request completed (each was larger than a worker's KV capacity, "

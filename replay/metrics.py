@@ -117,7 +117,7 @@ def infinite_cache_hit_ratio(trace: Trace) -> float:
     """Token-weighted hit ratio with one infinite, never-evicting cache shared by all workers.
 
     Reused tokens of :func:`infinite_cache_reuse_tokens` over input tokens; the
-    bound against which the measured hit ratios are read. DESIGN.md §8 quotes
+    bound against which the measured hit ratios are read. docs/architecture.md §8 quotes
     ≈ 36.6 % *block* hit ratio for the conversation trace; this figure is
     token-weighted.
     """

@@ -192,7 +192,7 @@ def _learned_model(learned: LearnedSetup) -> tuple[TermModelSet | None, str]:
 
 
 def experiment_arms(learned: bool = False) -> list[Configuration]:
-    """The three configurations of the experiment (DESIGN.md §4), plus ``learned_cost_aware`` if asked."""
+    """The three configurations of the experiment (docs/architecture.md §4), plus ``learned_cost_aware`` if asked."""
     return [*CONFIGURATIONS, LEARNED_ARM] if learned else list(CONFIGURATIONS)
 
 

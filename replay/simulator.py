@@ -1,7 +1,7 @@
 """Trace-replay cluster simulator: a deterministic discrete-event loop over simulated workers.
 
 The loop embeds the production :class:`~kvcost.routing.router.Router` and
-:class:`~kvcost.routing.directory.CacheDirectory` (DESIGN.md §3: no second
+:class:`~kvcost.routing.directory.CacheDirectory` (docs/architecture.md §3: no second
 copy of routing logic). Time is the simulation clock, advanced only by
 events: trace arrivals, worker step ends and periodic load samples. Same
 trace, configuration and seed → identical results.

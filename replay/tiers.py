@@ -1,4 +1,4 @@
-"""Lower KV tiers and the links between them (DESIGN.md §1, §2): CPU DRAM, local disk, a shared remote store.
+"""Lower KV tiers and the links between them (docs/architecture.md §1, §2): CPU DRAM, local disk, a shared remote store.
 
 Per worker the GPU block pool (:mod:`kvcost.replay.kv_cache`) is backed by a CPU
 DRAM tier and a local-disk tier; all workers share one remote store (LMCache's

@@ -1,4 +1,4 @@
-"""Block hashes of token ids, as vLLM's prefix cache computes them (DESIGN.md §2, §7).
+"""Block hashes of token ids, as vLLM's prefix cache computes them (docs/architecture.md §2, §7).
 
 The chaining scheme is vLLM's whatever the hash function; the function is the
 engine's ``--prefix-caching-hash-algo`` (vLLM ``vllm/config/cache.py``,

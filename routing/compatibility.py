@@ -1,4 +1,4 @@
-"""Which workers can serve a request, and whose KV a worker can reuse (DESIGN.md §2).
+"""Which workers can serve a request, and whose KV a worker can reuse (docs/architecture.md §2).
 
 A worker can serve a request only if it runs the same model, revision and
 adapter with the same block size (the request's

@@ -1,4 +1,4 @@
-"""The cache directory: which worker holds which prefix, in which tier, how fresh (DESIGN.md §2).
+"""The cache directory: which worker holds which prefix, in which tier, how fresh (docs/architecture.md §2).
 
 Reuse is exact: an entry is reusable only inside one :class:`Namespace`
 (model, revision, adapter, block size, KV layout, cache salt) and only for the

@@ -1,4 +1,4 @@
-"""Wire format of the scoring API: pydantic models, apart from the router's dataclasses (STYLE.md §4).
+"""Wire format of the scoring API: pydantic models, apart from the router's dataclasses.
 
 Request models carry every limit of the API, so that bad input is refused
 with a 422 whose ``loc`` names the field, before any work is done:
@@ -57,7 +57,7 @@ _IN = ConfigDict(extra="forbid")
 
 
 class NamespaceIn(BaseModel):
-    """KV compatibility key (DESIGN.md §2): a prefix is reusable only within one namespace."""
+    """KV compatibility key (docs/architecture.md §2): a prefix is reusable only within one namespace."""
 
     model_config = _IN
 

@@ -3,7 +3,7 @@
 A term predictor learns one TTFT term (:data:`~kvcost.core.composition.TERMS`:
 queue, lookup, transfer, prefill, first_token) in seconds from feature rows
 (:data:`~kvcost.features.spec.FEATURE_SPEC`). The contract is small
-(STYLE.md point 3): ``fit``, ``predict_many``, ``save`` / ``load``, a registry
+(one contract test suite runs over every implementation): ``fit``, ``predict_many``, ``save`` / ``load``, a registry
 ``name`` and the ``term``. Implementations are registered by permanent name in
 :data:`TERM_PREDICTORS` and share :class:`BaseTermPredictor`, which owns input
 validation, the fitted check, clipping and the on-disk layout::
@@ -13,7 +13,7 @@ validation, the fitted check, clipping and the on-disk layout::
     <dir>/<model file>     the implementation's model (e.g. model.txt), when fitted
 
 A saved predictor refuses to load under another feature spec
-(:class:`FeatureSpecMismatch`; DESIGN.md §3, "One feature schema").
+(:class:`FeatureSpecMismatch`; docs/architecture.md §3, "One feature schema").
 
 Example
 -------

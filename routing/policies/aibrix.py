@@ -1,4 +1,4 @@
-"""The ``aibrix_prefix_cache`` baseline: AIBrix's ``prefix-cache`` routing algorithm (DESIGN.md §7).
+"""The ``aibrix_prefix_cache`` baseline: AIBrix's ``prefix-cache`` routing algorithm (docs/architecture.md §7).
 
 Sources read (vllm-project/aibrix):
 
@@ -140,7 +140,7 @@ class AIBrixPrefixCachePolicy(RouterPolicy):
     20 min (hash.go); index capacity 200 000 blocks of 128 characters (hash.go,
     Helm chart) = 6.4 M tokens at :data:`CHARS_PER_TOKEN` = 4; ``seed`` 0.
 
-    Discrepancies, stated: DESIGN.md §7's 16 and 2σ are the shipped configuration,
+    Discrepancies, stated: docs/architecture.md §7's 16 and 2σ are the shipped configuration,
     not the code defaults (8, 1σ). AIBrix ``main`` (after v0.5) replaced rule 1 by a
     load gate — if ``max > 2.0 × (mean + 1)`` and ``max − min ≥ 8``, prefix matching
     is restricted to the least-loaded pods — which this class does not implement.

@@ -41,7 +41,7 @@ class CostAwarePolicy(RouterPolicy):
     """Lowest predicted TTFT on the critical path, among workers within the hot-spot skew limit.
 
     Weighs cache reuse (shorter prefill) against load (longer queue) through the
-    predicted terms, as in DESIGN.md §1's hot/cold example.
+    predicted terms, as in docs/architecture.md §1's hot/cold example.
     """
 
     name = "cost_aware"

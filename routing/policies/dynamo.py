@@ -1,4 +1,4 @@
-"""The ``dynamo_kv`` baseline: NVIDIA Dynamo's KV-aware router (DESIGN.md §7).
+"""The ``dynamo_kv`` baseline: NVIDIA Dynamo's KV-aware router (docs/architecture.md §7).
 
 Source: ai-dynamo/dynamo, read on ``main``:
 

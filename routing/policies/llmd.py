@@ -1,4 +1,4 @@
-"""The ``llmd_default`` baseline: llm-d's default scheduling profile (DESIGN.md §7).
+"""The ``llmd_default`` baseline: llm-d's default scheduling profile (docs/architecture.md §7).
 
 Sources (kubernetes-sigs/gateway-api-inference-extension, the endpoint picker llm-d builds on):
 

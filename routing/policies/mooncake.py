@@ -1,4 +1,4 @@
-"""The ``mooncake_conductor`` baseline: Mooncake's KVCache-centric prefill scheduling (DESIGN.md §7).
+"""The ``mooncake_conductor`` baseline: Mooncake's KVCache-centric prefill scheduling (docs/architecture.md §7).
 
 Source: Qin et al., "Mooncake: A KVCache-centric Disaggregated Architecture for
 LLM Serving", FAST 2025 (arXiv:2407.00079), §6.1 Algorithm 1 ("KVCache-centric
@@ -30,7 +30,7 @@ from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyCo
 #: names ``kvcache_balancing_threshold`` but publishes no value; 1.0 (fetch whenever a
 #: longer prefix exists, and let the TTFT comparison weigh the transfer) is kvcost's assumption.
 DEFAULT_KVCACHE_BALANCING_THRESHOLD = 1.0
-#: Achieved inter-worker KV bandwidth, bytes/s: kvcost's network link (``core/links.py``, DESIGN.md §1).
+#: Achieved inter-worker KV bandwidth, bytes/s: kvcost's network link (``core/links.py``, docs/architecture.md §1).
 DEFAULT_TRANSFER_BYTES_PER_S = NETWORK.bandwidth_bytes_per_s
 #: Fixed cost of one transfer (request, registration, preparation), seconds: the same link's setup.
 DEFAULT_TRANSFER_SETUP_S = NETWORK.setup_s
@@ -85,7 +85,7 @@ class MooncakeConductorPolicy(RouterPolicy):
     fits a model to offline profiles).
 
     Defaults: ``kvcache_balancing_threshold`` = 1.0 (not published; assumption),
-    ``transfer_bytes_per_s`` = 12 GiB/s (DESIGN.md §1 example),
+    ``transfer_bytes_per_s`` = 12 GiB/s (docs/architecture.md §1 example),
     ``transfer_setup_s`` = 1 ms (assumption), ``fetch_remote_prefix`` = False.
 
     Fetching is OFF by default: the simulator does not move KV between workers

@@ -1,4 +1,4 @@
-"""The ``preble_e2`` baseline: Preble's E2 global scheduler (DESIGN.md §7).
+"""The ``preble_e2`` baseline: Preble's E2 global scheduler (docs/architecture.md §7).
 
 Sources read:
 

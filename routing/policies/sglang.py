@@ -1,4 +1,4 @@
-"""The ``sglang_cache_aware`` baseline: the SGLang router's ``cache_aware`` policy (DESIGN.md §7).
+"""The ``sglang_cache_aware`` baseline: the SGLang router's ``cache_aware`` policy (docs/architecture.md §7).
 
 Sources read:
 
@@ -78,7 +78,7 @@ class SGLangCacheAwarePolicy(RouterPolicy):
     sgl-project/sglang ``sgl-router`` code, ``tree.get_smallest_tenant()``) send a
     low-match request to the worker with the *smallest tree*; the current smg code
     sends it to the *least-loaded* worker (``min_by_key(load)``, comment "Low cache
-    match: use worker with minimum load"), as DESIGN.md §7 says. The default follows
+    match: use worker with minimum load"), as docs/architecture.md §7 says. The default follows
     the current code; ``low_match_target="smallest_tree"`` gives the older behaviour.
 
     Approximations:

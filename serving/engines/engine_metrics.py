@@ -1,4 +1,4 @@
-"""Worker snapshots from the engines' Prometheus ``/metrics`` (DESIGN.md §7, "vLLM metrics").
+"""Worker snapshots from the engines' Prometheus ``/metrics`` (docs/architecture.md §7, "vLLM metrics").
 
 ``kvcost serve --scrape W=http://HOST:PORT/metrics`` scrapes each engine every
 ``--scrape-interval-s`` and stores what it reads as worker ``W``'s snapshot,

@@ -1,4 +1,4 @@
-"""Decode vLLM KV cache events and apply them to the cache directory (DESIGN.md §7, "vLLM KV events").
+"""Decode vLLM KV cache events and apply them to the cache directory (docs/architecture.md §7, "vLLM KV events").
 
 Wire format (vLLM ``vllm/distributed/kv_events.py``, ``ZmqEventPublisher``): a ZMQ
 multipart message ``[topic, seq, payload]`` where ``seq`` is the batch's sequence

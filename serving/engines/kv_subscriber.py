@@ -1,4 +1,4 @@
-"""Receive vLLM KV events over ZMQ in a background thread and apply them to the cache directory (DESIGN.md §7).
+"""Receive vLLM KV events over ZMQ in a thread and apply them to the cache directory (docs/architecture.md §7).
 
 vLLM's ``ZmqEventPublisher`` (``vllm/distributed/kv_events.py``) publishes on a PUB
 socket (``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",

@@ -49,7 +49,7 @@ def test_registries():
 
 
 def test_kv_bytes_per_token_and_weights():
-    assert MODELS.get("llama-3-8b").kv_bytes_per_token == 131072  # 128 KiB, DESIGN.md §7
+    assert MODELS.get("llama-3-8b").kv_bytes_per_token == 131072  # 128 KiB, docs/architecture.md §7
     assert MODELS.get("llama-2-7b").kv_bytes_per_token == 524288
     assert TINY_MODEL.kv_bytes_per_token == 2 * 2 * 2 * 8 * 2
     assert MODELS.get("llama-3-8b").weight_bytes == pytest.approx(16.06e9)

@@ -68,7 +68,7 @@ def hot_directory():
 
 
 def test_design_worked_example_cost_aware_picks_cold_worker(make_router, make_snapshot):
-    # DESIGN.md §1: hot queue 250 ms + preparation/compute 20 ms; cold 30 ms + 180 ms
+    # docs/architecture.md §1: hot queue 250 ms + preparation/compute 20 ms; cold 30 ms + 180 ms
     router = make_router(hot_directory())
     router.cost_model = FixedCostModel(queue_s=[0.25, 0.03], lookup_s=[0.005, 0.0], prefill_s=[0.015, 0.18])
     hot = make_snapshot(0, waiting_prefill=((30_000, 0),))

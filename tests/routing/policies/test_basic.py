@@ -78,7 +78,7 @@ def test_least_loaded_ignores_predictions_and_skew(make_snapshot):
 
 
 def test_cost_aware_min_ttft_and_reason_names_best_hit_worker(make_snapshot):
-    # DESIGN.md §1: hot 250 + 20 ms, cold 30 + 180 ms
+    # docs/architecture.md §1: hot 250 + 20 ms, cold 30 + 180 ms
     ctx = context(make_snapshot, [0.25, 0.03], [0.02, 0.18], reusable=[8192, 0])
     index, reason = make_policy("cost_aware").choose(ctx)
     assert index == 1
