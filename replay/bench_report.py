@@ -17,6 +17,7 @@ _COLUMNS = (
     ("hit_ratio", "hit ratio"),
     ("max_worker_share", "max worker share"),
     ("utilisation", "utilisation"),
+    ("promised_recomputed_share", "promised recomputed"),
     ("p99_vs_best_baseline", "P99 / best baseline"),
     ("p99_vs_oracle", "P99 / oracle"),
 )

@@ -26,12 +26,18 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "max_worker_share",
     "directory_mismatch_tokens",
     "mismatch_lost_s",
+    "promised_recomputed_share",
     "served_by",
     "utilisation",
 )
 
 #: Where a request's reused prefix came from (``requests.served_by``), report order.
 SERVED_BY: tuple[str, ...] = ("local_hit", "tier_load", "remote_transfer", "recompute")
+
+
+def _share(part: float, whole: float) -> float:
+    """``part / whole`` as a float, NaN when ``whole`` is 0."""
+    return float(part / whole) if whole else float("nan")
 
 
 def _quantile(values: np.ndarray, q: float) -> float:
@@ -55,6 +61,10 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     network from another worker or the remote store (``remote_transfer``), or
     was not reused (``recompute``). ``mismatch_lost_s`` is the nominal prefill
     time of the tokens the directory promised but the worker no longer held.
+    ``promised_recomputed_share`` is the share of the promised tokens (the raw
+    directory match on the chosen worker at decision time, ``predicted_reuse_tokens``)
+    that were recomputed at admission (``directory_mismatch_tokens``); NaN when
+    nothing was promised.
     """
     r = result.requests
     if r.empty:
@@ -78,6 +88,7 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
         "max_worker_share": float(counts.max() / counts.sum()),
         "directory_mismatch_tokens": int(r["directory_mismatch_tokens"].sum()),
         "mismatch_lost_s": float(r["mismatch_lost_s"].sum()),
+        "promised_recomputed_share": _share(r["directory_mismatch_tokens"].sum(), r["predicted_reuse_tokens"].sum()),
         "served_by": {name: float(served.get(name, 0.0)) for name in SERVED_BY},
         "utilisation": float(np.mean(result.utilisation)),
     }

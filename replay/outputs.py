@@ -42,6 +42,7 @@ _LABELS = {
     "max_worker_share": "max worker share",
     "directory_mismatch_tokens": "directory mismatch (tokens)",
     "mismatch_lost_s": "mismatch prefill lost (s)",
+    "promised_recomputed_share": "promised tokens recomputed",
     "utilisation": "utilisation",
 }
 
@@ -50,7 +51,7 @@ def format_value(key: str, value) -> str:
     """Human form of a summary value (percentages for ratios, 3 decimals for seconds)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if key in ("hit_ratio", "max_worker_share", "utilisation"):
+    if key in ("hit_ratio", "max_worker_share", "utilisation", "promised_recomputed_share"):
         return f"{value:.1%}"
     if key.endswith("_s"):
         return f"{value:.3f}"

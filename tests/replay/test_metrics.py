@@ -40,6 +40,7 @@ def test_summarise_exact_figures():
         tpot_s=[0.1, math.nan, 0.3, 0.2],
         input_tokens=[100, 100, 100, 100],
         actual_reuse_tokens=[0, 50, 50, 0],
+        predicted_reuse_tokens=[0, 64, 48, 16],
         directory_mismatch_tokens=[0, 16, 0, 0],
         mismatch_lost_s=[0.0, 0.25, 0.0, 0.0],
         served_by=["recompute", "tier_load", "remote_transfer", "recompute"],
@@ -53,6 +54,7 @@ def test_summarise_exact_figures():
     assert s["hit_ratio"] == 0.25 and s["reused_tokens_mean"] == 25.0
     assert s["max_worker_share"] == 0.75
     assert s["directory_mismatch_tokens"] == 16 and s["mismatch_lost_s"] == 0.25
+    assert s["promised_recomputed_share"] == 16 / 128
     assert s["served_by"] == {"local_hit": 0.0, "tier_load": 0.25, "remote_transfer": 0.25, "recompute": 0.5}
     assert s["utilisation"] == pytest.approx(0.6)
 
@@ -72,3 +74,19 @@ def test_attribution_signs():
     configs["cost_aware_tiered"] = {"ttft_p50_s": 1.0, "ttft_p99_s": 12.0}
     gains = attribution(configs)
     assert (gains["tier_gain_p50_s"], gains["tier_gain_p99_s"]) == (2.5, -2.0)
+
+
+def test_promised_recomputed_share_is_nan_when_nothing_was_promised():
+    result = _result(
+        worker_id=[0],
+        actual_ttft_s=[1.0],
+        actual_queue_s=[0.0],
+        tpot_s=[0.1],
+        input_tokens=[100],
+        actual_reuse_tokens=[0],
+        predicted_reuse_tokens=[0],
+        directory_mismatch_tokens=[0],
+        mismatch_lost_s=[0.0],
+        served_by=["recompute"],
+    )
+    assert math.isnan(summarise(result, n_workers=1)["promised_recomputed_share"])
