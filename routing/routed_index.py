@@ -80,3 +80,108 @@ class RoutedPrefixIndex:
                 lru.popitem(last=False)
                 dropped += 1
         return dropped
+
+
+class InFlightPrefixes:
+    """Prefixes routed to a worker whose blocks the directory does not yet report stored.
+
+    kvcost issue 13 §3: a family's next turn, arriving while its previous turn is
+    still queued on worker A, finds nothing in the directory (it lists stored
+    blocks only), yet under FCFS with chunked prefill the earlier request stores
+    its prompt's blocks on A before this request's first chunk runs. The router
+    knows those prefixes from what it routed (never from the worker's true
+    queue), as Dynamo's predicted-TTL side index does for sibling bursts.
+
+    An entry is one routed request's full block hashes (prompt order) on one
+    ``(namespace, worker)``; it leaves when :meth:`confirm` sees the directory
+    holding all of them there, or when its expiry time passes (:meth:`expire`).
+    Hashes are chained, so a block in the per-worker count is a prefix held by
+    some entry and :meth:`match` is a radix-tree prefix walk.
+
+    Thread safety: not thread-safe; one owner (a router).
+
+    Example:
+        >>> index = InFlightPrefixes()
+        >>> index.add("ns", 0, [1, 2, 3], expires_s=5.0)
+        >>> index.match("ns", [1, 2, 9], [0, 1])
+        [2, 0]
+        >>> index.confirm("ns", 0, [1, 2, 3, 4])
+        1
+        >>> index.match("ns", [1, 2, 9], [0, 1])
+        [0, 0]
+    """
+
+    def __init__(self) -> None:
+        # (namespace, worker) -> list of (expires_s, block hashes); block hash -> entries holding it
+        self._entries: dict[tuple[object, int], list[tuple[float, tuple[int, ...]]]] = {}
+        self._counts: dict[tuple[object, int], dict[int, int]] = {}
+
+    def add(self, namespace: object, worker_id: int, block_hashes: Sequence[int], expires_s: float) -> None:
+        """Record that a request with ``block_hashes`` was routed to ``worker_id``; forget it at ``expires_s``."""
+        if not block_hashes:
+            return
+        key = (namespace, worker_id)
+        self._entries.setdefault(key, []).append((expires_s, tuple(block_hashes)))
+        counts = self._counts.setdefault(key, {})
+        for block_hash in block_hashes:
+            counts[block_hash] = counts.get(block_hash, 0) + 1
+
+    def match(self, namespace: object, block_hashes: Sequence[int], worker_ids: Sequence[int]) -> list[int]:
+        """Leading blocks of ``block_hashes`` in flight to each worker, same order as ``worker_ids``."""
+        result = []
+        for worker_id in worker_ids:
+            counts = self._counts.get((namespace, worker_id), {})
+            n = 0
+            while n < len(block_hashes) and block_hashes[n] in counts:
+                n += 1
+            result.append(n)
+        return result
+
+    def confirm(self, namespace: object, worker_id: int, stored_hashes: Sequence[int]) -> int:
+        """Drop the entries on ``worker_id`` whose blocks are all among ``stored_hashes``.
+
+        Args:
+            stored_hashes: a chain of block hashes (prompt order) the directory reports
+                stored on the worker; an entry of ``k`` blocks is stored when its last
+                hash equals ``stored_hashes[k - 1]`` (chained hashes: same prefix).
+
+        Returns:
+            Entries dropped.
+        """
+        key = (namespace, worker_id)
+        entries = self._entries.get(key)
+        if not entries:
+            return 0
+        keep, done = [], []
+        for entry in entries:
+            hashes = entry[1]
+            stored = len(hashes) <= len(stored_hashes) and stored_hashes[len(hashes) - 1] == hashes[-1]
+            (done if stored else keep).append(entry)
+        self._remove(key, keep, done)
+        return len(done)
+
+    def expire(self, now_s: float) -> int:
+        """Drop the entries whose expiry time is ≤ ``now_s``. Returns entries dropped."""
+        dropped = 0
+        for key in list(self._entries):
+            keep = [e for e in self._entries[key] if e[0] > now_s]
+            done = [e for e in self._entries[key] if e[0] <= now_s]
+            self._remove(key, keep, done)
+            dropped += len(done)
+        return dropped
+
+    def __len__(self) -> int:
+        """Entries held, all workers."""
+        return sum(len(entries) for entries in self._entries.values())
+
+    def _remove(self, key: tuple[object, int], keep: list, done: list) -> None:
+        counts = self._counts[key]
+        for _, hashes in done:
+            for block_hash in hashes:
+                counts[block_hash] -= 1
+                if not counts[block_hash]:
+                    del counts[block_hash]
+        if keep:
+            self._entries[key] = keep
+        else:
+            del self._entries[key], self._counts[key]

@@ -1,4 +1,4 @@
-from kvcost.routing.routed_index import RoutedPrefixIndex
+from kvcost.routing.routed_index import InFlightPrefixes, RoutedPrefixIndex
 
 
 def test_match_is_a_prefix_walk_per_worker():
@@ -25,3 +25,17 @@ def test_expire_by_age():
     index.insert(0, [3], now_s=5.0)
     assert index.expire(older_than_s=1.0) == 2
     assert index.size_blocks(0) == 1 and index.match([3], [0]) == [1]
+
+
+def test_in_flight_prefixes_share_blocks_confirm_and_expire():
+    index = InFlightPrefixes()
+    index.add("ns", 0, [1, 2, 3], expires_s=2.0)
+    index.add("ns", 0, [1, 2], expires_s=5.0)
+    index.add("other", 0, [1, 2, 3], expires_s=5.0)
+    assert index.match("ns", [1, 2, 3, 4], [0, 1]) == [3, 0]
+    assert index.confirm("ns", 0, [1, 2]) == 1  # [1, 2] stored; [1, 2, 3] not yet
+    assert index.match("ns", [1, 2, 3], [0]) == [3]
+    assert index.expire(2.0) == 1  # expires_s ≤ now_s
+    assert index.match("ns", [1, 2, 3], [0]) == [0]
+    assert index.match("other", [1, 2, 3], [0]) == [3]
+    assert len(index) == 1

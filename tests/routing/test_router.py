@@ -341,3 +341,50 @@ def test_the_router_owns_the_compatibility_filter(make_router, make_snapshot):
         "no candidate serves namespace model='linear' revision='main' adapter='' block_size_tokens=512: "
         f"candidates' namespaces are {[str(other.namespace)]}"
     )
+
+
+def route_turns(router, make_snapshot, second_at_s):
+    """Turn 1 (blocks 1..3) at 1.0 s goes to worker 0 (predicted TTFT 0.1 s there); turn 2 (blocks
+    1..5) arrives at ``second_at_s`` while turn 1 is still queued on worker 0 (the directory is empty)."""
+    router.cost_model = FixedCostModel(queue_s=[0.0, 0.5], prefill_s=[0.1, 0.1])
+    first = router.route(request(1536, [1, 2, 3]), [make_snapshot(0), make_snapshot(1)], 1.0)
+    assert first.worker_id == 0
+    queued = make_snapshot(0, waiting_prefill=((1536, 0),))
+    return router.route(request(2560, [1, 2, 3, 4, 5], 1), [queued, make_snapshot(1)], second_at_s)
+
+
+def test_next_turn_sees_the_previous_turns_in_flight_prefix(make_router, make_snapshot):
+    decision = route_turns(make_router(count_in_flight=True), make_snapshot, second_at_s=1.1)
+    assert [(m.reusable_blocks, m.tier) for m in decision.matches] == [(3, "gpu"), (0, "none")]
+    assert decision.reusable_tokens.tolist() == [1536, 0]
+
+
+@pytest.mark.parametrize("settings", [{}, {"count_in_flight": True, "policy": "least_loaded"}])
+def test_in_flight_prefixes_not_counted_when_off_or_for_baselines(make_router, make_snapshot, settings):
+    router = make_router(**settings)
+    assert router.in_flight is None
+    router.cost_model = FixedCostModel(queue_s=[0.0, 0.5], prefill_s=[0.1, 0.1])
+    router.route(request(1536, [1, 2, 3]), [make_snapshot(0), make_snapshot(1)], 1.0)
+    queued = make_snapshot(0, waiting_prefill=((1536, 0),))
+    decision = router.route(request(2560, [1, 2, 3, 4, 5], 1), [queued, make_snapshot(1)], 1.1)
+    assert decision.reusable_tokens.tolist() == [0, 0]
+
+
+def test_in_flight_entry_leaves_once_the_directory_reports_it_stored(make_router, make_snapshot):
+    directory = CacheDirectory()
+    router = make_router(directory, count_in_flight=True)
+    router.cost_model = FixedCostModel(queue_s=[0.0, 0.5], prefill_s=[0.1, 0.1])
+    router.route(request(1536, [1, 2, 3]), [make_snapshot(0), make_snapshot(1)], 1.0)
+    assert router.in_flight.match(NS, [1, 2, 3], [0, 1]) == [3, 0]
+    directory.apply_stored(NS, 0, [1, 2, 3], parent_hash=None, tier="gpu", now_s=1.05)
+    router.route(request(2560, [1, 2, 3, 4, 5], 1), [make_snapshot(0), make_snapshot(1)], 1.1)
+    # turn 1's entry was confirmed and dropped; only turn 2's (blocks 1..5) remains
+    assert len(router.in_flight) == 1
+    assert router.in_flight.match(NS, [1, 2, 3, 4, 5], [0]) == [5]
+
+
+@pytest.mark.parametrize(("second_at_s", "blocks"), [(1.19, 3), (1.2, 0)])
+def test_in_flight_entry_expires_after_twice_its_predicted_ttft(make_router, make_snapshot, second_at_s, blocks):
+    # turn 1 routed at 1.0 s with predicted TTFT 0.1 s: forgotten at 1.0 + 2 × 0.1 = 1.2 s
+    decision = route_turns(make_router(count_in_flight=True), make_snapshot, second_at_s)
+    assert decision.matches[0].reusable_blocks == blocks
