@@ -33,7 +33,6 @@ from kvcost.models.term_set import TermModelSet
 from kvcost.routing.compatibility import conversion_factor, serves
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.policies import PolicyContext, argmin_stable, make_policy
-from kvcost.routing.policies.basic import CostAwarePolicy
 from kvcost.routing.routed_index import InFlightPrefixes
 
 _log = logging.getLogger(__name__)
@@ -69,10 +68,8 @@ class RouterSettings:
             the router routed to a worker that the directory does not report stored yet
             (FCFS: the earlier request stores them before this one's first chunk; its work is
             in the queue term anyway). See :class:`~kvcost.routing.routed_index.InFlightPrefixes`.
-            Off by default (seed 0): it cut ``cost_aware``'s TTFT P99 on ``gen:multi-turn:requests=1500``
-            at 4 workers from 39.95 to 17.51 s (95 % load), 0.67 to 0.57 s (80 %), 0.33 to 0.30 s (60 %),
-            but moved the bundled demo's from 26.58 to 28.57 s (TTL factor 2; 26.52 s at 3, 25.92 s at 4,
-            27.69 s at 8: tail noise, its hit ratio barely moves), over the 1 % adoption bound.
+            Off by default until it routes no worse on the bundled trace (measurements:
+            ``docs/in-flight-prefixes.md``).
     """
 
     policy: str = "cost_aware"
@@ -212,7 +209,7 @@ class Router:
         self.set_cost_model(cost_model)
         self._window: deque[tuple[int, int]] = deque(maxlen=settings.skew_window_requests)
         self._window_tokens: dict[int, int] = {}
-        counts = settings.count_in_flight and isinstance(self.policy, CostAwarePolicy)
+        counts = settings.count_in_flight and self.policy.counts_in_flight
         self.in_flight: InFlightPrefixes | None = InFlightPrefixes() if counts else None
 
     def set_cost_model(self, cost_model: TermModelSet | None) -> None:

@@ -81,6 +81,9 @@ class RouterPolicy:
         own_model: True (with ``learned``) = the model is the policy's own, fitted by
             :meth:`fit_own_model`, not the router's cost model: online learning in a replay retrains
             the policy on its schedule instead of the router's term models.
+        counts_in_flight: True = the policy ranks by kvcost's predicted terms, so the router may
+            credit it with in-flight prefixes (``RouterSettings.count_in_flight``); the baselines keep
+            their published rules and never see them.
 
     Args:
         seed: seed of the policy's random tie-breaks (policies that break no tie at random ignore it).
@@ -90,6 +93,7 @@ class RouterPolicy:
     replay_only = False
     learned = False
     own_model = False
+    counts_in_flight = False
 
     def __init__(self, *, seed: int = DEFAULT_SEED) -> None:
         self.seed = seed

@@ -45,6 +45,7 @@ class CostAwarePolicy(RouterPolicy):
     """
 
     name = "cost_aware"
+    counts_in_flight = True
 
     def score_s(self, ctx: PolicyContext) -> np.ndarray:
         """The TTFT each candidate is ranked by, seconds ``(n,)``: the composed predicted terms."""

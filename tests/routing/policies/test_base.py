@@ -102,3 +102,8 @@ def test_a_policy_with_its_own_model_does_not_warn_about_the_term_models(monkeyp
         router.set_cost_model(None)
     assert router.fallbacks == 0
     assert [r for r in caplog.records if r.name == "kvcost.routing.router"] == []
+
+
+def test_only_kvcosts_own_policies_may_be_credited_with_in_flight_prefixes():
+    credited = sorted(name for name in ROUTER_POLICIES.names() if ROUTER_POLICIES.get(name).counts_in_flight)
+    assert credited == ["cost_aware", "learned_cost_aware"]
