@@ -409,7 +409,10 @@ def parse_workload_name(name: str) -> tuple[str, object, int | None]:
         else:
             values[key] = value
     params = workload.params(**values)
-    workload.check(params)
+    try:
+        workload.check(params)
+    except ValueError as exc:  # name the option as the user wrote it, not the parameter class
+        raise ValueError(f"trace = {name!r}: {str(exc).partition('.')[2]}") from None
     return shape, params, seed
 
 

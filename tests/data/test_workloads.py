@@ -92,9 +92,9 @@ def test_names_parse_into_parameters_and_seed():
         ("gen:nope", KeyError, "unknown workload 'nope'"),
         ("gen:agent:steps=3", ValueError, "option 'steps=3', expected key=value with key one of: seed, requests"),
         ("gen:agent:requests=many", ValueError, "requests = 'many', expected an integer"),
-        ("gen:agent:requests=0", ValueError, "AgentParams.requests = 0, expected a finite number > 0"),
-        ("gen:multi-turn:turns_min=20", ValueError, "MultiTurnParams.turns_min = 20, expected ≤ turns_max = 18"),
-        ("gen:mix:requests=2", ValueError, "MixParams.requests = 2, expected a number ≥ 3"),
+        ("gen:agent:requests=0", ValueError, "^trace = 'gen:agent:requests=0': requests = 0, expected a finite number"),
+        ("gen:multi-turn:turns_min=20", ValueError, ": turns_min = 20, expected ≤ turns_max = 18$"),
+        ("gen:mix:requests=2", ValueError, ": requests = 2, expected a number ≥ 3$"),
     ],
 )
 def test_bad_names_say_what_is_wrong(name, error, message):
