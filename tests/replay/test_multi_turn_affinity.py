@@ -8,10 +8,11 @@ about 1 % (1.0 % under the old skew rule, which moved 29 of the 72 later turns).
 
 import pytest
 
-from kvcost.data.traces import Trace, TraceRequest
+from kvcost.data.traces import Trace
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.metrics import infinite_cache_hit_ratio, summarise
 from kvcost.replay.simulator import ClusterSimulator
+from tests.replay.test_simulator import make_trace
 
 BLOCK = 512
 PREFIX_BLOCKS = (4, 12, 6, 2, 10, 8, 3, 5)  # unequal sizes: one worker's token share exceeds the skew cap
@@ -28,19 +29,7 @@ def conversation_trace() -> tuple[Trace, list[tuple[int, int]]]:
             hashes = tuple(range(1000 * (c + 1), 1000 * (c + 1) + n))
             rows.append((c * TURN_GAP_S / len(PREFIX_BLOCKS) + k * TURN_GAP_S, c, k, n * BLOCK, hashes))
     rows.sort()
-    requests = tuple(TraceRequest(i, t, n_in, 100, h) for i, (t, _, _, n_in, h) in enumerate(rows))
-    trace = Trace(
-        name="multi-turn-idle",
-        source="test",
-        loader="mooncake",
-        block_size_tokens=BLOCK,
-        requests=requests,
-        skipped_lines=0,
-        spread_bucket_s=None,
-        rate_scale=1.0,
-        start_s=0.0,
-        duration_s=None,
-    )
+    trace = make_trace([(t, n_in, 100, h) for t, _, _, n_in, h in rows], block_size_tokens=BLOCK)
     return trace, [(c, k) for _, c, k, _, _ in rows]
 
 
