@@ -89,15 +89,9 @@ class RouterSettings:
             raise ValueError("transfers = True needs tiers = True (fetched KV is staged in a worker's CPU tier)")
 
 
-def load_tokens(snapshots: Sequence[WorkerSnapshot], expected_decode_tokens: int) -> np.ndarray:
-    """Outstanding work per worker in tokens: queued prefill + running × expected decode tokens. ``(n,)`` float64."""
-    queued = np.array([s.queued_prefill_tokens for s in snapshots], dtype=np.float64)
-    running = np.array([s.running_requests for s in snapshots], dtype=np.float64)
-    return outstanding_tokens(queued, running, expected_decode_tokens)
-
-
 def outstanding_tokens(queued_prefill_tokens: np.ndarray, running_requests: np.ndarray, expected_decode_tokens: int):
-    """:func:`load_tokens` from the columns: ``queued + running × expected_decode_tokens``, float64 ``(n,)``."""
+    """Outstanding work per worker in tokens, counting tokens not requests: queued prefill + running ×
+    expected decode tokens, float64 ``(n,)`` (the ``load_tokens`` the policies see)."""
     return queued_prefill_tokens + running_requests * expected_decode_tokens
 
 
@@ -387,7 +381,7 @@ class Router:
             per candidate; ``plans`` is ``()`` and ``local_score`` None when the router plans
             GPU-resident prefixes only, else ``local_score`` is each candidate's score
             with its own tiers (the alternative a fetch beat), seconds. ``load_tokens`` is
-            :func:`load_tokens` from the feature columns (the queues are summed once).
+            :func:`outstanding_tokens` from the feature columns (the queues are summed once).
         """
         n = len(snapshots)
         block_size = request.namespace.block_size_tokens

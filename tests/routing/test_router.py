@@ -1,4 +1,4 @@
-"""Tests for kvcost.routing.router (Router, RouterSettings, load_tokens, hot-spot skew limit).
+"""Tests for kvcost.routing.router (Router, RouterSettings, outstanding_tokens, hot-spot skew limit).
 
 Step times come from the linear step model of tests/conftest.py: 1 µs per batch
 token, 1e-12 s per prefill attention token pair, 1 ms per step, budget 8192.
@@ -21,7 +21,7 @@ from kvcost.routing.router import (
     RouterSettings,
     compatible_candidates,
     keep_prefix_holders,
-    load_tokens,
+    outstanding_tokens,
 )
 
 NS = Namespace("linear", block_size_tokens=512)
@@ -132,12 +132,14 @@ def test_no_candidates(make_router):
         make_router().route(request(10, []), [], 0.0)
 
 
-def test_load_tokens_counts_tokens_not_requests(make_snapshot):
+def test_outstanding_tokens_counts_tokens_not_requests(make_snapshot):
     snaps = [
         make_snapshot(0, waiting_prefill=((10_000, 0),)),
         make_snapshot(1, waiting_prefill=((10, 0), (20, 5), (30, 0)), running_requests=2),
     ]
-    assert load_tokens(snaps, expected_decode_tokens=100).tolist() == [10_000.0, 260.0]
+    queued = np.array([s.queued_prefill_tokens for s in snaps], dtype=np.float64)
+    running = np.array([s.running_requests for s in snaps], dtype=np.float64)
+    assert outstanding_tokens(queued, running, expected_decode_tokens=100).tolist() == [10_000.0, 260.0]
 
 
 def test_least_loaded_picks_many_tiny_over_one_huge(make_router, make_snapshot):
