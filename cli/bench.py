@@ -12,7 +12,7 @@ from rich.table import Table
 from kvcost.cli.common import PROGRESS_COLUMNS, console, guard
 from kvcost.cli.options import with_settings
 from kvcost.cli.tables import BENCH
-from kvcost.replay.runner import bench_policies, execute_bench
+from kvcost.replay.runner import bench_policies, execute_bench, parse_rate_scales
 from kvcost.replay.settings import ReplaySettings
 
 
@@ -23,17 +23,25 @@ def bench(
     sizes: Annotated[str, typer.Option(help="Cluster sizes, comma-separated worker counts.")] = "4,8",
     policies: Annotated[str | None, typer.Option(help="Comma-separated policies (default: all).")] = None,
     jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = 2,
+    rate_scales: Annotated[
+        str | None,
+        typer.Option(
+            help="Skip the calibration: rate scales per size for 60/80/95 %, e.g. '4=0.55,0.71,1;8=0.92,1.19,2' "
+            "(a previous bench.json's load_levels)."
+        ),
+    ] = None,
 ) -> None:
     """Every policy at ~60/80/95 % utilisation on 4 and 8 workers: bench.json, bench.md, plots."""
 
-    def parse() -> tuple[list[int], list[str]]:
+    def parse() -> tuple[list[int], list[str], dict | None]:
         try:
             size_list = [int(x) for x in sizes.split(",") if x.strip()]
         except ValueError:
             raise ValueError(f"sizes = {sizes!r}, expected comma-separated integers such as '4,8'") from None
-        return size_list, bench_policies([p.strip() for p in policies.split(",")] if policies else None)
+        given = parse_rate_scales(rate_scales, size_list) if rate_scales is not None else None
+        return size_list, bench_policies([p.strip() for p in policies.split(",")] if policies else None), given
 
-    size_list, names = guard(parse)
+    size_list, names, given = guard(parse)
     with Progress(*PROGRESS_COLUMNS, console=console) as progress:
         task = progress.add_task("bench cells", total=len(size_list) * 3 * len(names))
         result = guard(
@@ -46,6 +54,7 @@ def bench(
                 jobs=jobs,
                 out=settings.out,
                 progress=lambda n: progress.advance(task, n),
+                given_scales=given,
             )
         )
     print_bench(result)

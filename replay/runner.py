@@ -33,6 +33,7 @@ from kvcost.replay.bench import (
     KVCOST_POLICIES,
     QUICK_DURATION_S,
     REFERENCE_POLICIES,
+    TARGET_UTILISATION,
     add_ratios,
     bench_cells,
     best_baseline,
@@ -323,14 +324,17 @@ def execute_bench(
     out: Path | None,
     progress: Callable[[int], None] | None = None,
     calibrate_levels: bool | None = None,
+    given_scales: dict[int, dict[str, float]] | None = None,
 ) -> dict:
     """Run the benchmark grid and write ``bench.json``, ``bench.md`` and plots into ``out``.
 
     Load levels: with ``calibrate_levels`` (default: every trace but those of
     ``CALIBRATED_TRACES``) the rate scales are found by bisection per cluster
     size (``kvcost.replay.bench.calibrate``); else the constants of
-    ``rate_scales``. The header carries the workload's physical limit (TTFT P99
-    of isolated prefill, infinite shared cache, no queue) and the calibration.
+    ``rate_scales``. ``given_scales`` (workers → load label → rate scale, every size
+    present; e.g. a previous run's calibration, :func:`parse_rate_scales`) skips both.
+    The header carries the workload's physical limit (TTFT P99 of isolated prefill,
+    infinite shared cache, no queue) and the calibration.
 
     Raises:
         ValueError / KeyError: unknown policy or trace, bad size, unwritable output.
@@ -343,9 +347,9 @@ def execute_bench(
     out = out if out is not None else Path("runs") / f"bench-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     _make_out(out)
     if calibrate_levels is None:
-        calibrate_levels = trace not in CALIBRATED_TRACES
+        calibrate_levels = trace not in CALIBRATED_TRACES and given_scales is None
     found = calibrate(trace, sizes, duration_s, seed, jobs) if calibrate_levels else None
-    scales = {w: {k: c.rate_scale for k, c in found[w].items()} for w in sizes} if found else None
+    scales = {w: {k: c.rate_scale for k, c in found[w].items()} for w in sizes} if found else given_scales
     cells = bench_cells(policies, sizes, scales)
     queue_cell = (min(sizes), "80%")
     rows = run_bench(cells, trace, duration_s, seed, jobs, lambda c: (c.workers, c.load) == queue_cell, progress)
@@ -360,7 +364,7 @@ def execute_bench(
         "load_levels": {str(w): scales[w] if scales else rate_scales(w) for w in sizes},
         "requests": len(loaded),
         "physical_limit_ttft_p99_s": physical_limit_ttft_p99_s(loaded, ClusterConfig(fleet=("a100",))),
-        "calibration": ([asdict(c) for w in sizes for c in found[w].values()] if found else "constants (rate_scales)"),
+        "calibration": [asdict(c) for w in sizes for c in found[w].values()] if found else _scales_source(given_scales),
     }
     plots = ["p99_vs_load.png", "hit_ratio_vs_p99.png", "worker_queues.png"]
     write_bench_json(out / "bench.json", header, rows)
@@ -369,6 +373,38 @@ def execute_bench(
     _plot_bench_queues(rows, queue_cell, out / plots[2])
     write_bench_md(out / "bench.md", header, rows, plots)
     return {**header, "out": str(out), "results": rows}
+
+
+def _scales_source(given_scales: dict | None) -> str:
+    return "given (--rate-scales)" if given_scales else "constants (rate_scales)"
+
+
+def parse_rate_scales(text: str, sizes: Sequence[int]) -> dict[int, dict[str, float]]:
+    """``"4=0.55,0.71,1;8=0.92,1.19,2"`` → ``{4: {"60%": 0.55, "80%": 0.71, "95%": 1.0}, 8: {...}}``.
+
+    One entry per cluster size in ``sizes``, each with one rate scale (> 0) per load level of
+    :data:`~kvcost.replay.bench.TARGET_UTILISATION`, in its order (60 %, 80 %, 95 %).
+
+    Raises:
+        ValueError: a malformed entry, a scale ≤ 0, a wrong count, or a size without an entry.
+    """
+    labels = list(TARGET_UTILISATION)
+    expected = f"'WORKERS=' and {len(labels)} rate scales > 0 ({', '.join(labels)}), e.g. '4=0.55,0.71,1;8=0.92,1.19,2'"
+    scales: dict[int, dict[str, float]] = {}
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        workers, _, values = entry.partition("=")
+        try:
+            numbers = [float(v) for v in values.split(",")]
+            size = int(workers)
+        except ValueError:
+            raise ValueError(f"rate_scales entry {entry!r}, expected {expected}") from None
+        if len(numbers) != len(labels) or not all(x > 0 for x in numbers):
+            raise ValueError(f"rate_scales entry {entry!r}, expected {expected}")
+        scales[size] = dict(zip(labels, numbers, strict=True))
+    missing = [w for w in sizes if w not in scales]
+    if missing:
+        raise ValueError(f"rate_scales = {text!r} has no entry for sizes {missing}, expected {expected}")
+    return {w: scales[w] for w in sizes}
 
 
 def _plot_bench_queues(rows: list[dict], cell: tuple[int, str], path: Path) -> None:

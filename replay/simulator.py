@@ -109,7 +109,9 @@ class ClusterSimulator:
         self.directory = CacheDirectory()
         if online is not None and cost_model is None:
             cost_model = TermModelSet.analytic()  # online learning starts analytic by design: no fallback warning
-        self.router = Router(self.directory, self.step_models, config.router, cost_model)
+        # with the cache off nothing routed is ever reusable: no in-flight prefixes either
+        router_settings = config.router if config.cache_enabled else replace(config.router, count_in_flight=False)
+        self.router = Router(self.directory, self.step_models, router_settings, cost_model)
         self._arriving: tuple = ()  # (trace request, its full block hashes) while it is being routed
         self.router.policy.attach_truth(self._true_ttfts_s)
         self.online = OnlineLearner(online) if online is not None else None

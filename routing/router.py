@@ -9,6 +9,7 @@ carries its full per-candidate breakdown for the log.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,7 +59,13 @@ class RouterSettings:
         skew_window_requests: decisions in the hot-spot window (≥ 1).
         max_share_over_mean: a worker whose share of the window's routed input
             tokens exceeds ``(1 + max_share_over_mean) / n_workers`` is excluded
-            for ``cost_aware`` (unless every worker is). ≥ 0.
+            for ``cost_aware`` (unless every worker is). ≥ 0; ``inf`` (the default)
+            turns the limit off. Off by default since the router counts in-flight
+            prefixes: the queue term then sees a hot worker's routed work and the
+            reuse it brings, so a share cap that ignores both only adds prefill
+            (kvcost issue 13 grid, ``docs/routing-unseen-workloads.md``: geometric
+            mean of P99 ÷ best anchor 0.887 with the limit at 1, 0.821 without,
+            over 27 cells of 5 workloads).
         costs: nominal per-request costs (lookup, first token, expected decode tokens, links).
         tiers: count prefixes held in the workers' CPU and disk tiers as reusable (paying
             their load time in L), not only GPU-resident ones.
@@ -68,17 +75,18 @@ class RouterSettings:
             the router routed to a worker that the directory does not report stored yet
             (FCFS: the earlier request stores them before this one's first chunk; its work is
             in the queue term anyway). See :class:`~kvcost.routing.routed_index.InFlightPrefixes`.
-            Off by default until it routes no worse on the bundled trace (measurements:
-            ``docs/in-flight-prefixes.md``).
+            On by default: it holds on any workload where a family's requests arrive
+            faster than one is served (bursts, agent loops, busy conversations), and
+            costs nothing where they do not (measurements: ``docs/routing-unseen-workloads.md``).
     """
 
     policy: str = "cost_aware"
     skew_window_requests: int = 64
-    max_share_over_mean: float = 1.0
+    max_share_over_mean: float = math.inf
     costs: NominalCosts = field(default_factory=NominalCosts)
     tiers: bool = False
     transfers: bool = False
-    count_in_flight: bool = False
+    count_in_flight: bool = True
 
     def __post_init__(self) -> None:
         if self.skew_window_requests < 1:
@@ -182,6 +190,9 @@ class Router:
             falls back to the analytic one and says so once (a log warning and ``fallbacks``);
             a policy with its own model (``own_model``: ``llmd_predicted_latency``) does not
             route on the term models, so it is not warned about.
+        in_flight_of: read the in-flight prefixes of this other router and never add to them
+            (a scorer beside the routing router: it sees what was routed, and scoring
+            leaves no trace). None = keep its own when ``settings.count_in_flight``.
 
     Thread safety: not thread-safe (the skew window and stateful policies
     change on every decision); one router per event loop.
@@ -193,6 +204,7 @@ class Router:
         step_models: Mapping[str, StepTimeModel],
         settings: RouterSettings,
         cost_model: object | None = None,
+        in_flight_of: Router | None = None,
     ) -> None:
         self.directory = directory
         self.step_models = dict(step_models)
@@ -205,6 +217,9 @@ class Router:
         self._window_tokens: dict[int, int] = {}
         counts = settings.count_in_flight and self.policy.counts_in_flight
         self.in_flight: InFlightPrefixes | None = InFlightPrefixes() if counts else None
+        self._adds_in_flight = in_flight_of is None
+        if in_flight_of is not None:
+            self.in_flight = in_flight_of.in_flight if counts else None
 
     def set_cost_model(self, cost_model: TermModelSet | None) -> None:
         """Swap the cost model (e.g. newly retrained models); None = the analytic model."""
@@ -255,7 +270,7 @@ class Router:
             reason += "; " + _fetch_reason(plans[index], ctx, local_score[index], index)
         self.policy.on_routed(ctx, index)
         self._record(worker_ids[index], request.input_tokens)
-        if self.in_flight is not None:
+        if self.in_flight is not None and self._adds_in_flight:
             expires_s = now_s + IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index])
             self.in_flight.add(namespaces[index], worker_ids[index], request.block_hashes, expires_s)
         return RouteDecision(
@@ -435,7 +450,7 @@ class Router:
         see :func:`keep_prefix_holders`.
         """
         total = sum(self._window_tokens.values())
-        if total == 0:
+        if total == 0 or math.isinf(self.settings.max_share_over_mean):
             return np.ones(len(worker_ids), dtype=bool)
         cap = (1.0 + self.settings.max_share_over_mean) / len(worker_ids)
         allowed = np.array([self._window_tokens.get(w, 0) / total <= cap for w in worker_ids])

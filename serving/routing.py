@@ -132,9 +132,10 @@ class Routing:
         self.router = Router(directory, self.step_models, routing, analytic)
         # Scores come from a second router over the same directory and cost model with the
         # stateless cost_aware policy: /v1/score never touches the routing router's skew
-        # window or policy state, and shares every line of its scoring code.
+        # window or policy state, and shares every line of its scoring code. It reads the
+        # routing router's in-flight prefixes (the reuse routed requests bring) and adds none.
         scoring = RouterSettings(policy="cost_aware", tiers=settings.tiers)
-        self.scorer = Router(directory, self.step_models, scoring, analytic)
+        self.scorer = Router(directory, self.step_models, scoring, analytic, in_flight_of=self.router)
         self._hash_cache = PrefixHashCache(settings.hash_cache_blocks) if settings.hash_cache_blocks else None
         #: The last snapshot pushed per worker and when it arrived (epoch seconds).
         self.snapshots: dict[int, tuple[WorkerSnapshot, float]] = {}

@@ -1,13 +1,15 @@
 """No leakage: a logged candidate's features equal those rebuilt from the state at decision time.
 
 The replay logs one feature row per candidate. Here the router's inputs (the
-request, the workers' snapshots and the directory matches) are captured at the
-moment of each decision — copies of what existed then, nothing from later —
-and the rows are rebuilt with ``feature_columns``; they must equal the logged
-rows exactly, so nothing known only after the decision can have entered.
+request, the workers' snapshots, the directory matches and the prefixes in
+flight from earlier routing) are captured at the moment of each decision —
+copies of what existed then, nothing from later — and the rows are rebuilt with
+``feature_columns``; they must equal the logged rows exactly, so nothing known
+only after the decision can have entered.
 """
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 
@@ -28,6 +30,13 @@ def test_logged_features_rebuild_from_decision_time_state():
 
     def capturing_route(request, snapshots, now_s):
         matches = sim.directory.match(request.namespace, request.block_hashes, [s.worker_id for s in snapshots], now_s)
+        in_flight = copy.deepcopy(sim.router.in_flight)
+        in_flight.expire(now_s)
+        for m in matches:
+            in_flight.confirm(request.namespace, m.worker_id, request.block_hashes[: m.reusable_blocks])
+        flying = [in_flight.match(request.namespace, request.block_hashes, [m.worker_id])[0] for m in matches]
+        pairs = zip(matches, flying, strict=True)
+        matches = [replace(m, reusable_blocks=b, tier="gpu") if b > m.reusable_blocks else m for m, b in pairs]
         captured[request.request_id] = (request, copy.deepcopy(list(snapshots)), matches)
         return route(request, snapshots, now_s)
 
@@ -45,3 +54,4 @@ def test_logged_features_rebuild_from_decision_time_state():
         rows = logged[logged["request_id"] == request_id][list(FEATURE_NAMES)].to_numpy()
         assert np.array_equal(rows, rebuilt), request_id
     assert len(captured) == len(trace.requests) == logged["request_id"].nunique()
+    assert logged["reusable_tokens"].sum() > 0  # the busy trace's requests reuse what earlier ones routed

@@ -2,13 +2,21 @@
 
 import json
 import logging
+import re
 
 import pytest
 from typer.testing import CliRunner
 
 from kvcost.cli import app
 from kvcost.replay.online import OnlineSettings
-from kvcost.replay.runner import LearnedSetup, _learned_model, bench_policies, experiment_arms, prepare
+from kvcost.replay.runner import (
+    LearnedSetup,
+    _learned_model,
+    bench_policies,
+    experiment_arms,
+    parse_rate_scales,
+    prepare,
+)
 
 runner = CliRunner()
 
@@ -114,3 +122,21 @@ def test_bench_policies_default_order_and_unknown_name():
     assert bench_policies(["oracle", "cost_aware"]) == ["oracle", "cost_aware"]
     with pytest.raises(KeyError, match="unknown router policy 'nope'; expected one of: aibrix_prefix_cache"):
         bench_policies(["nope"])
+
+
+def test_parse_rate_scales_maps_each_size_to_the_three_load_levels():
+    assert parse_rate_scales("4=0.55,0.71,1; 8=0.92,1.19,2", [8]) == {8: {"60%": 0.92, "80%": 1.19, "95%": 2.0}}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("4=0.5,x", "--rate-scales entry '4=0.5,x', expected"),
+        ("4=0.5,0.7", "--rate-scales entry '4=0.5,0.7', expected"),
+        ("4=0.5,0,1", "--rate-scales entry '4=0.5,0,1', expected"),
+        ("8=0.5,0.7,1", "--rate-scales = '8=0.5,0.7,1' has no entry for sizes [4], expected"),
+    ],
+)
+def test_parse_rate_scales_names_the_bad_entry(text, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message.replace("--rate-scales", "rate_scales"))):
+        parse_rate_scales(text, [4])

@@ -4,6 +4,7 @@ Step times come from the linear step model of tests/conftest.py: 1 µs per batch
 token, 1e-12 s per prefill attention token pair, 1 ms per step, budget 8192.
 """
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -178,12 +179,18 @@ def test_skew_window_forgets_old_decisions(make_router, make_snapshot):
     assert route_sequence(router, make_snapshot, 5) == [0, 1, 0, 0, 1]
 
 
-def test_skew_limit_is_inclusive_and_default_never_binds_with_two_workers(make_router, make_snapshot):
-    # default max_share_over_mean = 1: with 2 workers the cap is 100 %
-    router = make_router()
+def test_skew_limit_is_inclusive_and_at_one_never_binds_with_two_workers(make_router, make_snapshot):
+    # max_share_over_mean = 1: with 2 workers the cap is 100 %
+    router = make_router(max_share_over_mean=1.0)
     router.cost_model = FixedCostModel(queue_s=[0.1, 0.2], prefill_s=[0.0, 0.0])
     snaps = [make_snapshot(0), make_snapshot(1)]
     assert [router.route(request(100, [], i), snaps, 0.0).worker_id for i in range(3)] == [0, 0, 0]
+
+
+def test_skew_limit_is_off_by_default(make_router, make_snapshot):
+    # with the old default cap (1 + 1) / 3 the 3rd request would leave worker 0 (at 100 % of the window)
+    assert RouterSettings().max_share_over_mean == math.inf
+    assert route_sequence(make_router(), make_snapshot, 4) == [0, 0, 0, 0]
 
 
 def test_skew_limit_allows_everyone_when_everyone_is_over(make_router, make_snapshot):
@@ -356,12 +363,13 @@ def route_turns(router, make_snapshot, second_at_s):
 
 
 def test_next_turn_sees_the_previous_turns_in_flight_prefix(make_router, make_snapshot):
-    decision = route_turns(make_router(count_in_flight=True), make_snapshot, second_at_s=1.1)
+    assert RouterSettings().count_in_flight  # on by default
+    decision = route_turns(make_router(), make_snapshot, second_at_s=1.1)
     assert [(m.reusable_blocks, m.tier) for m in decision.matches] == [(3, "gpu"), (0, "none")]
     assert decision.reusable_tokens.tolist() == [1536, 0]
 
 
-@pytest.mark.parametrize("settings", [{}, {"count_in_flight": True, "policy": "least_loaded"}])
+@pytest.mark.parametrize("settings", [{"count_in_flight": False}, {"policy": "least_loaded"}])
 def test_in_flight_prefixes_not_counted_when_off_or_for_baselines(make_router, make_snapshot, settings):
     router = make_router(**settings)
     assert router.in_flight is None
@@ -370,6 +378,19 @@ def test_in_flight_prefixes_not_counted_when_off_or_for_baselines(make_router, m
     queued = make_snapshot(0, waiting_prefill=((1536, 0),))
     decision = router.route(request(2560, [1, 2, 3, 4, 5], 1), [queued, make_snapshot(1)], 1.1)
     assert decision.reusable_tokens.tolist() == [0, 0]
+
+
+def test_a_scorer_reads_the_routers_in_flight_prefixes_and_adds_none(make_router, make_snapshot):
+    router = make_router()
+    scorer = Router(router.directory, router.step_models, RouterSettings(), in_flight_of=router)
+    scorer.cost_model = FixedCostModel(queue_s=[0.0, 0.5], prefill_s=[0.1, 0.1])
+    scorer.route(request(1536, [7, 8]), [make_snapshot(0), make_snapshot(1)], 1.0)
+    assert len(router.in_flight) == 0  # scoring left no trace
+    router.cost_model = scorer.cost_model
+    router.route(request(1536, [1, 2, 3]), [make_snapshot(0), make_snapshot(1)], 1.0)  # turn 1, to worker 0
+    turn_2 = request(2560, [1, 2, 3, 4, 5], 1)
+    assert scorer.route(turn_2, [make_snapshot(0), make_snapshot(1)], 1.1).reusable_tokens.tolist() == [1536, 0]
+    assert len(router.in_flight) == 1
 
 
 def test_in_flight_entry_leaves_once_the_directory_reports_it_stored(make_router, make_snapshot):
