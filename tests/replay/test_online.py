@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -36,6 +38,16 @@ def test_schedule_and_minimum_rows():
     assert learner.next_retrain_s == 250
 
 
+def test_rows_growth_retrains_each_time_the_rows_double():
+    learner = OnlineLearner(OnlineSettings(retrain_every_s=1000, min_rows=50))
+    assert learner.maybe_retrain(_observations(60), now_s=10) is not None  # min_rows reached, long before 1000 s
+    assert learner.maybe_retrain(_observations(119), now_s=20) is None  # 2 × 60 = 120 needed
+    assert learner.maybe_retrain(_observations(120), now_s=30) is not None
+    assert learner.retrains == [{"t_s": 10, "rows": 60, "trigger": "rows"}, {"t_s": 30, "rows": 120, "trigger": "rows"}]
+    clock_only = OnlineLearner(OnlineSettings(retrain_every_s=1000, min_rows=50, rows_growth=math.inf))
+    assert clock_only.maybe_retrain(_observations(500), now_s=999) is None
+
+
 def test_straggler_alert_triggers_an_early_retrain():
     learner = OnlineLearner(OnlineSettings(retrain_every_s=1000, min_rows=50, min_drift_interval_s=10))
     healthy = _observations(400)
@@ -61,6 +73,8 @@ def test_settings_validation():
         OnlineSettings(retrain_every_s=0)
     with pytest.raises(ValueError, match="min_rows = 5"):
         OnlineSettings(min_rows=5)
+    with pytest.raises(ValueError, match=r"rows_growth = 1, expected a number > 1 \(inf: time schedule only\)"):
+        OnlineSettings(rows_growth=1)
 
 
 def test_a_policy_with_its_own_model_is_refitted_instead_of_the_term_models():
@@ -77,7 +91,7 @@ def test_the_replay_teaches_llmd_predicted_latency_online():
     sim = ClusterSimulator(config, trace.block_size_tokens, online=OnlineSettings(retrain_every_s=10, min_rows=20))
     result = sim.run(trace)
     policy = sim.router.policy
-    assert [r["trigger"] for r in result.retrains] == ["schedule"] * len(result.retrains) and result.retrains
+    assert {r["trigger"] for r in result.retrains} <= {"rows", "schedule"} and result.retrains
     assert policy.model.fitted and policy.model.rows == result.retrains[-1]["rows"]
     assert sim.router.cost_model.learned is False  # the router's term models stay analytic
     assert policy.aci.updates > 0  # first tokens of requests routed by the fitted model were scored
