@@ -21,7 +21,13 @@ corrected between refits.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+#: γ of :class:`AdaptiveConformalScale`: 0.05 moves the bound ~5 % after a miss and ~0.5 % after a hit
+#: (α = 0.1), so ~20 consecutive misses double it; Angelopoulos et al. (2023) use steps of this size
+#: relative to the score's scale. Not tuned on any trace.
+DEFAULT_SCALE_STEP = 0.05
 
 
 @dataclass
@@ -62,5 +68,56 @@ class AdaptiveConformalOffset:
         """
         miss = observed_s > self.bound_s(forecast_s)
         self.offset_s += self.step_s * (float(miss) - self.target_miss_rate)
+        self.updates += 1
+        return miss
+
+
+@dataclass
+class AdaptiveConformalScale:
+    """A multiplicative factor on a quantile forecast, updated after every outcome (ACI in log space).
+
+    The same quantile-tracking update as :class:`AdaptiveConformalOffset`, on
+    ``log(bound)`` instead of the bound::
+
+        bound_t = forecast_t × exp(θ_t)
+        θ_{t+1} = θ_t + γ · (miss_t − α)
+
+    so the guarantee (realised miss rate → α while θ stays bounded) carries over.
+    Why log space: TTFT spans 0.1 s to minutes across workloads and loads, and its
+    errors are multiplicative (a queue mispredicted by 30 % is off by 30 % whatever
+    its length); a step in seconds fitted on one workload would be too coarse or
+    too slow on another, a dimensionless step is neither.
+
+    Attributes:
+        target_miss_rate: α in (0, 1) (0.1 for a P90 bound).
+        step: γ, dimensionless (> 0): after a miss the bound grows by ``exp(γ (1 − α))``,
+            after a hit it shrinks by ``exp(−γ α)``.
+        log_scale: θ (starts at 0: the forecast itself).
+        updates: outcomes seen so far.
+
+    Raises:
+        ValueError: ``target_miss_rate`` outside (0, 1) or ``step`` ≤ 0.
+    """
+
+    target_miss_rate: float = 0.1
+    step: float = DEFAULT_SCALE_STEP
+    log_scale: float = 0.0
+    updates: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_miss_rate < 1:
+            raise ValueError(f"target_miss_rate = {self.target_miss_rate}, expected a number in (0, 1)")
+        if not self.step > 0:
+            raise ValueError(f"step = {self.step}, expected a number > 0")
+
+    @property
+    def factor(self) -> float:
+        """``exp(θ)``: what a forecast is multiplied by."""
+        return math.exp(self.log_scale)
+
+    def update(self, bound_s: float, observed_s: float) -> bool:
+        """Score one outcome against the bound served for it; returns whether it was a miss."""
+        miss = observed_s > bound_s
+        self.log_scale += self.step * (float(miss) - self.target_miss_rate)
         self.updates += 1
         return miss

@@ -185,4 +185,7 @@ def study_summary(results: dict[str, ReplayResult], n_workers: int) -> dict:
     online = results.get(LEARNED_ARM.name)
     if online is not None and online.retrains:
         summary["online"] = {"retrains": list(online.retrains), "drift_alerts": list(online.drift_alerts)}
+    if online is not None and online.served_coverage_90 is not None:
+        # coverage as a live fleet sees it (kvcost issue 13 §4): each request against the bound served when routed
+        summary["served_coverage_90"] = online.served_coverage_90
     return summary

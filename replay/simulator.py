@@ -57,6 +57,10 @@ class ReplayResult:
             the chosen worker has at all (they could never be admitted); not served.
         retrains: online learning only: each retraining (``t_s``, ``rows``, ``trigger``).
         drift_alerts: online learning only: each drift alert (``t_s``, worker, term, message).
+        served_coverage_90: ``{"coverage", "requests"}``: the share of measured requests whose TTFT
+            was at most the P90 bound served for them when they were routed (by a model trained
+            only on earlier data, with the router's adaptive conformal factor), and how many had
+            one; None when no bound was served (analytic routing).
         block_events: with ``record_block_events`` only: every worker's KV block access history,
             ``worker_id`` plus :data:`~kvcost.replay.kv_cache.BLOCK_EVENT_COLUMNS`, in time order per worker.
     """
@@ -69,6 +73,7 @@ class ReplayResult:
     rejected_requests: int = 0
     retrains: tuple[dict, ...] = ()
     drift_alerts: tuple[dict, ...] = ()
+    served_coverage_90: dict | None = None
     block_events: pd.DataFrame | None = None
 
 
@@ -169,7 +174,7 @@ class ClusterSimulator:
                 done = worker.finish_step(now)
                 log.complete(done)
                 for r in done:
-                    self.router.policy.on_outcome(r.request_id, r.first_token_s - r.arrival_s, now)
+                    self.router.on_outcome(r.request_id, r.first_token_s - r.arrival_s, now)
                 if self.online is not None and done:
                     self.online.observe(log.observed, now)
                 if progress is not None and done:
@@ -404,4 +409,12 @@ class _Log:
             utilisation=np.minimum(busy / makespan_s, 1.0) if makespan_s > 0 else np.zeros(len(workers)),
             makespan_s=makespan_s,
             rejected_requests=self.rejected,
+            served_coverage_90=self._served_coverage(),
         )
+
+    def _served_coverage(self) -> dict | None:
+        served = [(o.row.actual_s[-1], o.p90_s) for o in self.observed if not math.isnan(o.p90_s)]
+        if not served:
+            return None
+        covered = sum(ttft_s <= bound_s for ttft_s, bound_s in served)
+        return {"coverage": covered / len(served), "requests": len(served)}

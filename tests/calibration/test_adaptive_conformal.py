@@ -1,8 +1,10 @@
-"""Tests for kvcost.calibration.adaptive_conformal (the ACI offset)."""
+"""Tests for kvcost.calibration.adaptive_conformal (the ACI offset and the log-space ACI scale)."""
+
+import math
 
 import pytest
 
-from kvcost.calibration.adaptive_conformal import AdaptiveConformalOffset
+from kvcost.calibration.adaptive_conformal import AdaptiveConformalOffset, AdaptiveConformalScale
 
 
 def test_offset_update_on_a_hand_computed_sequence():
@@ -33,3 +35,18 @@ def test_bad_parameters_are_refused():
         AdaptiveConformalOffset(target_miss_rate=1.0)
     with pytest.raises(ValueError, match="step_s = 0"):
         AdaptiveConformalOffset(step_s=0.0)
+
+
+def test_scale_update_on_a_hand_computed_sequence():
+    aci = AdaptiveConformalScale(target_miss_rate=0.1, step=0.05)
+    assert aci.update(2.0, 2.5) is True  # miss: θ = 0.05 × 0.9
+    assert aci.log_scale == pytest.approx(0.045) and aci.factor == pytest.approx(math.exp(0.045))
+    assert aci.update(2.0, 2.0) is False  # at the bound is covered: θ = 0.045 − 0.005
+    assert (aci.log_scale, aci.updates) == (pytest.approx(0.04), 2)
+
+
+def test_scale_bad_parameters_are_refused():
+    with pytest.raises(ValueError, match=r"^target_miss_rate = 0.0, expected a number in \(0, 1\)$"):
+        AdaptiveConformalScale(target_miss_rate=0.0)
+    with pytest.raises(ValueError, match=r"^step = -1, expected a number > 0$"):
+        AdaptiveConformalScale(step=-1)

@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -95,3 +96,16 @@ def test_the_replay_teaches_llmd_predicted_latency_online():
     assert policy.model.fitted and policy.model.rows == result.retrains[-1]["rows"]
     assert sim.router.cost_model.learned is False  # the router's term models stay analytic
     assert policy.aci.updates > 0  # first tokens of requests routed by the fitted model were scored
+
+
+def test_served_coverage_counts_every_request_routed_after_the_first_training():
+    trace = make_trace([(0.25 * i, 600, 4, blocks(range(1, 11), 100 * (i + 1), 600)) for i in range(80)])
+    config = ClusterConfig(fleet=("a100", "a100"), router=RouterSettings(policy="learned_cost_aware"))
+    online = OnlineSettings(retrain_every_s=1000, min_rows=20)
+    result = ClusterSimulator(config, trace.block_size_tokens, online=online).run(trace)
+    first_s = result.retrains[0]["t_s"]
+    served = result.served_coverage_90
+    assert served["requests"] == int((result.requests["arrival_s"] >= first_s).sum()) > 0
+    assert 0.0 <= served["coverage"] <= 1.0
+    analytic = ClusterSimulator(replace(config, router=RouterSettings()), trace.block_size_tokens).run(trace)
+    assert analytic.served_coverage_90 is None

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kvcost.core.composition import TermPredictions
+from kvcost.core.composition import CalibratedTTFT, TermPredictions
 from kvcost.core.links import LinkSpec
 from kvcost.core.types import Namespace, ReusePlan, RouteRequest
 from kvcost.features.nominal import NominalCosts
@@ -391,6 +391,28 @@ def test_a_scorer_reads_the_routers_in_flight_prefixes_and_adds_none(make_router
     turn_2 = request(2560, [1, 2, 3, 4, 5], 1)
     assert scorer.route(turn_2, [make_snapshot(0), make_snapshot(1)], 1.1).reusable_tokens.tolist() == [1536, 0]
     assert len(router.in_flight) == 1
+
+
+class LearnedFixedCostModel(FixedCostModel):
+    """``FixedCostModel`` that calibrates: P50 = the composed TTFT, P90 = twice it."""
+
+    learned = True
+
+    def calibrate(self, predictions):
+        return CalibratedTTFT(predictions.ttft_s, 2.0 * predictions.ttft_s)
+
+
+def test_served_p90_bounds_adapt_to_outcomes(make_router, make_snapshot):
+    router = make_router(policy="learned_cost_aware")
+    router.cost_model = LearnedFixedCostModel(queue_s=[0.1, 0.2], prefill_s=[0.0, 0.0])
+    snaps = [make_snapshot(0), make_snapshot(1)]
+    first = router.route(request(100, [], 1), snaps, 0.0)
+    assert first.calibrated.p90_s.tolist() == [0.2, 0.4]  # factor 1 before any outcome
+    router.on_outcome(1, ttft_s=0.3, now_s=1.0)  # above its 0.2 s bound: a miss, θ = 0.05 × 0.9
+    router.on_outcome(99, ttft_s=9.0, now_s=1.0)  # never routed: ignored
+    second = router.route(request(100, [], 2), snaps, 2.0)
+    assert second.calibrated.p90_s.tolist() == pytest.approx([0.2 * math.exp(0.045), 0.4 * math.exp(0.045)])
+    assert second.calibrated.p50_s.tolist() == [0.1, 0.2] and router.interval.updates == 1
 
 
 def test_in_flight_entry_leaves_once_the_directory_reports_it_stored(make_router, make_snapshot):
