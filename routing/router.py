@@ -196,9 +196,9 @@ class Router:
             falls back to the analytic one and says so once (a log warning and ``fallbacks``);
             a policy with its own model (``own_model``: ``llmd_predicted_latency``) does not
             route on the term models, so it is not warned about.
-        in_flight_of: read the in-flight prefixes of this other router and never add to them
-            (a scorer beside the routing router: it sees what was routed, and scoring
-            leaves no trace). None = keep its own when ``settings.count_in_flight``.
+        reads_from: read this other router's in-flight prefixes and served-bound factor and
+            never change them (a scorer beside the routing router: it sees what was routed
+            and observed, and scoring leaves no trace). None = keep its own.
 
     Served P90 bounds adapt online: when the cost model is learned, every candidate's
     calibrated P90 is multiplied by an adaptive conformal factor
@@ -217,7 +217,7 @@ class Router:
         step_models: Mapping[str, StepTimeModel],
         settings: RouterSettings,
         cost_model: object | None = None,
-        in_flight_of: Router | None = None,
+        reads_from: Router | None = None,
     ) -> None:
         self.directory = directory
         self.step_models = dict(step_models)
@@ -230,11 +230,11 @@ class Router:
         self._window_tokens: dict[int, int] = {}
         counts = settings.count_in_flight and self.policy.counts_in_flight
         self.in_flight: InFlightPrefixes | None = InFlightPrefixes() if counts else None
-        self.interval = AdaptiveConformalScale()
+        self.interval = AdaptiveConformalScale() if reads_from is None else reads_from.interval
         self._served_p90_s: OrderedDict[int, float] = OrderedDict()
-        self._adds_in_flight = in_flight_of is None
-        if in_flight_of is not None:
-            self.in_flight = in_flight_of.in_flight if counts else None
+        self._adds_in_flight = reads_from is None
+        if reads_from is not None:
+            self.in_flight = reads_from.in_flight if counts else None
 
     def set_cost_model(self, cost_model: TermModelSet | None) -> None:
         """Swap the cost model (e.g. newly retrained models); None = the analytic model."""

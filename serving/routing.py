@@ -135,7 +135,7 @@ class Routing:
         # window or policy state, and shares every line of its scoring code. It reads the
         # routing router's in-flight prefixes (the reuse routed requests bring) and adds none.
         scoring = RouterSettings(policy="cost_aware", tiers=settings.tiers)
-        self.scorer = Router(directory, self.step_models, scoring, analytic, in_flight_of=self.router)
+        self.scorer = Router(directory, self.step_models, scoring, analytic, reads_from=self.router)
         self._hash_cache = PrefixHashCache(settings.hash_cache_blocks) if settings.hash_cache_blocks else None
         #: The last snapshot pushed per worker and when it arrived (epoch seconds).
         self.snapshots: dict[int, tuple[WorkerSnapshot, float]] = {}
@@ -146,6 +146,12 @@ class Routing:
         with self.lock:
             for router in (self.router, self.scorer):
                 router.set_cost_model(model_set)
+
+    def on_outcome(self, request_id: int, ttft_s: float, now_s: float) -> None:
+        """A routed request's observed TTFT reaches the routing router (its policy and its served
+        P90 bounds' conformal factor, :meth:`Router.on_outcome`), under the lock."""
+        with self.lock:
+            self.router.on_outcome(request_id, ttft_s, now_s)
 
     # ------------------------------------------------------------------- scoring
 

@@ -363,6 +363,7 @@ class ScoringService:
             raise LogUnavailableError(f"observation not recorded: {one_line(exc)}") from exc
         self.metrics.observations.labels("recorded").inc()
         self._count_errors(body, decision)
+        self.routing.on_outcome(body.request_id, body.ttft_s, self.routing.clock())
         return ObservationResponse(
             request_id=body.request_id, status="recorded", run_id=decision.run_id, worker_id=decision.worker_id
         )

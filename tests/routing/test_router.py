@@ -382,7 +382,7 @@ def test_in_flight_prefixes_not_counted_when_off_or_for_baselines(make_router, m
 
 def test_a_scorer_reads_the_routers_in_flight_prefixes_and_adds_none(make_router, make_snapshot):
     router = make_router()
-    scorer = Router(router.directory, router.step_models, RouterSettings(), in_flight_of=router)
+    scorer = Router(router.directory, router.step_models, RouterSettings(), reads_from=router)
     scorer.cost_model = FixedCostModel(queue_s=[0.0, 0.5], prefill_s=[0.1, 0.1])
     scorer.route(request(1536, [7, 8]), [make_snapshot(0), make_snapshot(1)], 1.0)
     assert len(router.in_flight) == 0  # scoring left no trace

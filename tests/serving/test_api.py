@@ -514,3 +514,19 @@ def test_tiers_price_cpu_resident_prefixes_at_their_load_time(tmp_path, tiers):
     block_bytes = MODELS.get("llama-3-8b").kv_bytes_per_token * BLOCK
     load_s = CPU_TO_GPU.duration_s(6 * block_bytes) if tiers else 0.0  # without tiers: priced as GPU-resident
     assert out["terms"]["lookup_s"] == pytest.approx(lookup_s + load_s)
+
+
+def test_an_observed_ttft_over_its_served_p90_widens_the_next_bounds(client):
+    service = client.app.state.service
+    service.routing.set_cost_model(learned_set())
+    before = client.post(
+        "/v1/route", json=make_body(request_id=5, token_ids=list(range(500, 600))), headers=AUTH
+    ).json()
+    chosen = before["candidates"][before["chosen_index"]]
+    observation = {"request_id": 5, "ttft_s": chosen["p90_s"] + 1.0}  # a miss: θ = 0.05 × 0.9
+    assert client.post("/v1/observe", json=observation, headers=AUTH).json()["status"] == "recorded"
+    # other tokens of the same length: no reuse of request 5's in-flight prefix, the same terms
+    after = client.post("/v1/score", json=make_body(request_id=6, token_ids=list(range(700, 800)))).json()
+    assert service.routing.router.interval.updates == 1
+    ratios = [a["p90_s"] / b["p90_s"] for a, b in zip(after["candidates"], before["candidates"], strict=True)]
+    assert ratios == pytest.approx([np.exp(0.045)] * 2)
