@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from kvcost.cli.common import MlflowOpt, console, guard
+from kvcost.replay.settings import DEFAULT_RATE_SCALE
 
 models_app = typer.Typer(no_args_is_help=True, help="Review the kvcost-terms versions in the MLflow registry.")
 
@@ -37,14 +38,28 @@ def models_promote(
     version: Annotated[str | None, typer.Option(help="Version to promote (default: the challenger).")] = None,
     force: Annotated[bool, typer.Option(help="Promote even if worse (needs --reason).")] = False,
     reason: Annotated[str, typer.Option(help="Why a forced promotion is justified; recorded.")] = "",
+    trace: Annotated[
+        str | None,
+        typer.Option(
+            help="Also replay the latest window of this trace with each model; promote only if TTFT P50 "
+            "and P99 are no worse (without it: gated on holdout MAE and coverage only)."
+        ),
+    ] = None,
+    window_s: Annotated[float, typer.Option(help="Latest window replayed, seconds of trace time.")] = 1800.0,
+    workers: Annotated[int, typer.Option(help="A100 workers in the replay.")] = 4,
+    rate_scale: Annotated[float, typer.Option(help="Replay arrival times are divided by this.")] = DEFAULT_RATE_SCALE,
+    seed: Annotated[int, typer.Option(help="Seed of the replay.")] = 0,
     mlflow_uri: MlflowOpt = None,
 ) -> None:
-    """Move the champion alias to a version if, on the same holdout, it is no worse than the champion."""
+    """Move the champion alias to a version if, on the same holdout, it is no worse than the champion
+    (and, with --trace, routes a replay of the latest window no worse)."""
     from kvcost.models.mlflow_store import promote
+    from kvcost.replay.promotion import ReplayWindow, replay_gate
 
     def run():
+        gate = replay_gate(ReplayWindow(trace, window_s, workers, rate_scale, seed)) if trace else None
         try:
-            return promote(mlflow_uri, version, force, reason)
+            return promote(mlflow_uri, version, force, reason, routing_gate=gate)
         except LookupError as exc:
             raise ValueError(str(exc)) from None
 
@@ -59,6 +74,11 @@ def models_promote(
                 f"{figures['coverage_error']:.3f}",
             )
     console.print(table)
+    if result.routing is not None:
+        routed = Table("replay", "TTFT P50 (s)", "TTFT P99 (s)")
+        for name, figures in result.routing.figures.items():
+            routed.add_row(name, f"{figures['ttft_p50_s']:.3f}", f"{figures['ttft_p99_s']:.3f}")
+        console.print(routed)
     if not result.promoted:
         raise typer.Exit(code=1)
 

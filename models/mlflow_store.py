@@ -12,7 +12,9 @@ champion on the same data.
 Aliases: a new version becomes ``challenger``; :func:`promote` moves
 ``champion`` to it only if its holdout TTFT MAE and its 90 % coverage error
 ``|coverage − 0.9|`` are no worse than the champion's on the challenger's
-holdout, unless forced with a recorded reason.
+holdout, and, when a routing gate is given (``kvcost models promote --trace``:
+a replay of the latest window, :mod:`kvcost.replay.promotion`), if it routes no
+worse; unless forced with a recorded reason.
 
 Default store: a local SQLite tracking database and an artifact folder under
 ``runs/`` (no server). Another SQLite URI keeps its artifacts next to its
@@ -25,6 +27,7 @@ it is configured to. Review with::
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,14 +52,35 @@ class RegisteredVersion:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingVerdict:
+    """A routing gate's answer: whether the challenger routes no worse, and each side's figures.
+
+    Attributes:
+        passed: the challenger may be promoted as far as routing goes.
+        figures: ``{"challenger": {...}, "champion": {...}}``, e.g. TTFT P50 and P99 in seconds.
+        note: what was compared (printed with the verdict).
+    """
+
+    passed: bool
+    figures: dict[str, dict]
+    note: str
+
+
+#: ``(challenger, champion or None when none can be loaded) → RoutingVerdict``.
+RoutingGate = Callable[[TermModelSet, TermModelSet | None], RoutingVerdict]
+
+
+@dataclass(frozen=True, slots=True)
 class Promotion:
-    """Outcome of :func:`promote`: whether ``champion`` moved, and both sides' holdout figures."""
+    """Outcome of :func:`promote`: whether ``champion`` moved, both sides' holdout figures, and the
+    routing gate's verdict (None when gated on the holdout alone)."""
 
     promoted: bool
     version: str
     challenger: dict
     champion: dict | None
     message: str
+    routing: RoutingVerdict | None = None
 
 
 def _mlflow(uri: str | None):
@@ -194,12 +218,22 @@ def list_versions(uri: str | None = None) -> list[dict]:
     return rows
 
 
-def promote(uri: str | None = None, version: str | None = None, force: bool = False, reason: str = "") -> Promotion:
+def promote(
+    uri: str | None = None,
+    version: str | None = None,
+    force: bool = False,
+    reason: str = "",
+    routing_gate: RoutingGate | None = None,
+) -> Promotion:
     """Move ``champion`` to ``version`` (default: the ``challenger``) if it is no worse on the same holdout.
 
     Both versions are evaluated on the challenger's holdout rows. The gate: TTFT
-    MAE and ``|coverage_90 − 0.9|`` each no worse than the champion's. ``force``
-    skips the gate and records ``reason`` (required) as a tag on the version. A
+    MAE and ``|coverage_90 − 0.9|`` each no worse than the champion's, and, with
+    ``routing_gate``, its verdict (it is asked even without a champion: then the
+    challenger is compared with what routes meanwhile, the analytic model). Without
+    one the message says the promotion was gated on MAE and coverage only (a live
+    log without block hashes or an engine profile cannot be replayed). ``force``
+    skips the gates and records ``reason`` (required) as a tag on the version. A
     champion trained under another feature spec cannot be loaded (the router
     serves the analytic model meanwhile), so it counts as absent and the message
     says so.
@@ -217,24 +251,30 @@ def promote(uri: str | None = None, version: str | None = None, force: bool = Fa
     mv = client.get_model_version(REGISTERED_MODEL, version)
     holdout_dir = mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path="holdout")
     holdout = pd.read_parquet(Path(holdout_dir) / "holdout.parquet")
-    challenger = _gate_figures(evaluate(_load_version(mlflow, version), holdout))
+    challenger_set = _load_version(mlflow, version)
+    challenger = _gate_figures(evaluate(challenger_set, holdout))
     champion_version = _alias_version(client, CHAMPION, missing_ok=True)
-    champion, unloadable = None, ""
+    champion, champion_set, unloadable = None, None, ""
     if champion_version is not None:
         try:
-            champion = _gate_figures(evaluate(_load_version(mlflow, champion_version), holdout))
+            champion_set = _load_version(mlflow, champion_version)
+            champion = _gate_figures(evaluate(champion_set, holdout))
         except FeatureSpecMismatch as exc:  # the router cannot load it either: it serves analytic
             unloadable = f" (champion version {champion_version} cannot be loaded, so no gate: {exc})"
     passed = champion is None or (
         challenger["ttft_mae_s"] <= champion["ttft_mae_s"]
         and challenger["coverage_error"] <= champion["coverage_error"]
     )
+    routing = routing_gate(challenger_set, champion_set) if routing_gate is not None else None
+    passed = passed and (routing is None or routing.passed)
     if passed or force:
         client.set_registered_model_alias(REGISTERED_MODEL, CHAMPION, version)
         if force and not passed:
             client.set_model_version_tag(REGISTERED_MODEL, version, "forced_promotion_reason", reason)
     verdict = "promoted" if passed else ("promoted by force: " + reason if force else "refused: worse than champion")
-    return Promotion(passed or force, version, challenger, champion, f"version {version} {verdict}{unloadable}")
+    gated = f"; {routing.note}" if routing is not None else "; gated on TTFT MAE and coverage only (no replay)"
+    message = f"version {version} {verdict}{unloadable}{gated}"
+    return Promotion(passed or force, version, challenger, champion, message, routing)
 
 
 def _gate_figures(evaluation: dict) -> dict:

@@ -64,13 +64,33 @@ def test_round_trip_gate_and_force(store):
     refused = mlflow_store.promote(uri)
     assert not refused.promoted and refused.version == "2"
     assert refused.challenger["ttft_mae_s"] > refused.champion["ttft_mae_s"]
-    assert refused.message == "version 2 refused: worse than champion"
+    assert refused.message == "version 2 refused: worse than champion; gated on TTFT MAE and coverage only (no replay)"
     with pytest.raises(ValueError, match="needs a reason"):
         mlflow_store.promote(uri, force=True)
     forced = mlflow_store.promote(uri, force=True, reason="testing the override")
-    assert forced.promoted and forced.message == "version 2 promoted by force: testing the override"
+    assert (
+        forced.promoted
+        and forced.message
+        == "version 2 promoted by force: testing the override; gated on TTFT MAE and coverage only (no replay)"
+    )
     versions = {v["version"]: v["aliases"] for v in mlflow_store.list_versions(uri)}
     assert versions == {"2": ["challenger", "champion"], "1": []}
+
+
+def test_a_routing_gate_can_refuse_what_the_holdout_accepts(store):
+    uri, _ = store
+    _register(store, rounds=50)
+    seen = []
+
+    def gate(challenger, champion):
+        seen.append((challenger.learned, champion))
+        figures = {"challenger": {"ttft_p99_s": 2.0}, "champion": {"ttft_p99_s": 1.0}}
+        return mlflow_store.RoutingVerdict(False, figures, "replay: P99 2.0 s vs 1.0 s")
+
+    refused = mlflow_store.promote(uri, routing_gate=gate)
+    assert seen == [(True, None)]  # no champion yet: compared with the analytic routing
+    assert not refused.promoted and refused.routing.figures["challenger"] == {"ttft_p99_s": 2.0}
+    assert refused.message == "version 1 refused: worse than champion; replay: P99 2.0 s vs 1.0 s"
 
 
 def test_a_champion_under_another_feature_spec_does_not_block_promotion(store, monkeypatch):
