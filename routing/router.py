@@ -130,7 +130,7 @@ def _fetch_reason(plan: ReusePlan, ctx: PolicyContext, local_s: float, index: in
     """Why a fetch won: what moves from where, and its predicted TTFT against the worker's own tiers."""
     source = "the remote store" if plan.source_id == REMOTE_STORE_ID else f"worker {plan.source_id}"
     conversion = " with layout conversion" if plan.conversion_factor else ""
-    score = ctx.calibrated.p50_s[index] if ctx.calibrated is not None else ctx.predictions.ttft_s[index]
+    score = ctx.predictions.ttft_s[index]
     return (
         f"fetch {plan.fetch_blocks} blocks from {source}{conversion}: "
         f"{score * 1e3:.1f} ms vs {local_s * 1e3:.1f} ms with its own tiers"
@@ -420,8 +420,8 @@ class Router:
     def _score(self, request: RouteRequest, snapshots, matches, options):
         """Predict every option in one call; keep each candidate's best one (by the routing score).
 
-        The score is the calibrated P50 when the cost model is learned, else the
-        composed TTFT, as the cost-aware policies use it.
+        The score is the composed TTFT of the predicted terms, as the cost-aware policies
+        rank by it (learned or analytic; the calibration is for reporting).
 
         Returns:
             ``(reusable_tokens, features, predictions, calibrated, plans, local_score, load_tokens)``
@@ -453,7 +453,7 @@ class Router:
         calibrated = self.cost_model.calibrate(predictions) if self.cost_model.learned else None
         if plans is None:
             return reusable, features, predictions, calibrated, (), None, load
-        score = calibrated.p50_s if calibrated is not None else predictions.ttft_s
+        score = predictions.ttft_s
         best = list(range(n))
         for row in range(n, len(plans)):
             i = owner[row]
@@ -488,7 +488,7 @@ class Router:
         allowed = np.array([self._window_tokens.get(w, 0) / total <= cap for w in worker_ids])
         if not allowed.any():
             return np.ones(len(worker_ids), dtype=bool)
-        score_s = calibrated.p50_s if calibrated is not None else predictions.ttft_s
+        score_s = predictions.ttft_s
         blocks = np.array([m.reusable_blocks for m in matches], dtype=np.int64)
         return keep_prefix_holders(allowed, blocks, predictions.queue_s, score_s)
 

@@ -361,7 +361,7 @@ def score_fields(
             ttft_s=float(ttft[i]),
             p50_s=float(p50[i]),
             p90_s=_finite_or_none(p90[i]),
-            score_s=float(p50[i]),
+            score_s=float(ttft[i]),
             reusable_tokens=int(decision.reusable_tokens[i]),
             reusable_blocks=decision.matches[i].reusable_blocks,
             tier=decision.matches[i].tier,

@@ -202,7 +202,8 @@ class TermsOut(BaseModel):
 
 
 class CandidateScore(BaseModel):
-    """One candidate's breakdown. ``score_s`` is what ``learned_cost_aware`` ranks by (lower is better)."""
+    """One candidate's breakdown. ``score_s`` is what the cost-aware policies rank by (lower is better): the
+    composed TTFT of the terms (``ttft_s``); ``p50_s`` / ``p90_s`` are its calibration, for reporting."""
 
     worker_id: int
     terms: TermsOut
