@@ -14,6 +14,7 @@ Thread safety: not thread-safe; one owner (a policy instance).
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -92,11 +93,16 @@ class InFlightPrefixes:
     knows those prefixes from what it routed (never from the worker's true
     queue), as Dynamo's predicted-TTL side index does for sibling bursts.
 
-    An entry is one routed request's full block hashes (prompt order) on one
-    ``(namespace, worker)``; it leaves when :meth:`confirm` sees the directory
-    holding all of them there, or when its expiry time passes (:meth:`expire`).
-    Hashes are chained, so a block in the per-worker count is a prefix held by
-    some entry and :meth:`match` is a radix-tree prefix walk.
+    An entry is one routed chain of block hashes (prompt order) on one
+    ``(namespace, worker)``, keyed by its last hash (chained hashes: the last hash
+    names the chain); routing the same chain there again only extends its expiry.
+    It leaves when :meth:`confirm` sees the directory holding it there, or when its
+    expiry time passes (:meth:`expire`). A block in the per-worker count is a
+    prefix held by some entry, so :meth:`match` is a radix-tree prefix walk.
+
+    Cost: :meth:`add` O(chain), :meth:`match` O(matched blocks), :meth:`confirm`
+    O(stored chain), :meth:`expire` O(log entries) per entry dropped (a heap with
+    lazy deletion), so a route stays cheap however many entries are held.
 
     Thread safety: not thread-safe; one owner (a router).
 
@@ -112,19 +118,31 @@ class InFlightPrefixes:
     """
 
     def __init__(self) -> None:
-        # (namespace, worker) -> list of (expires_s, block hashes); block hash -> entries holding it
-        self._entries: dict[tuple[object, int], list[tuple[float, tuple[int, ...]]]] = {}
+        # (namespace, worker) -> {last hash: (expires_s, chain)}; block hash -> entries holding it
+        self._entries: dict[tuple[object, int], dict[int, tuple[float, tuple[int, ...]]]] = {}
         self._counts: dict[tuple[object, int], dict[int, int]] = {}
+        self._expiry: list[tuple[float, int, tuple[object, int], int]] = []  # (expires_s, seq, key, last hash)
+        self._seq = 0
 
     def add(self, namespace: object, worker_id: int, block_hashes: Sequence[int], expires_s: float) -> None:
-        """Record that a request with ``block_hashes`` was routed to ``worker_id``; forget it at ``expires_s``."""
+        """Record that a request with ``block_hashes`` was routed to ``worker_id``; forget it at ``expires_s``
+        (or later, if the same chain was routed there before with a later expiry)."""
         if not block_hashes:
             return
-        key = (namespace, worker_id)
-        self._entries.setdefault(key, []).append((expires_s, tuple(block_hashes)))
-        counts = self._counts.setdefault(key, {})
-        for block_hash in block_hashes:
-            counts[block_hash] = counts.get(block_hash, 0) + 1
+        key, last = (namespace, worker_id), block_hashes[-1]
+        entries = self._entries.setdefault(key, {})
+        known = entries.get(last)
+        if known is not None:
+            if expires_s <= known[0]:
+                return
+            entries[last] = (expires_s, known[1])
+        else:
+            entries[last] = (expires_s, tuple(block_hashes))
+            counts = self._counts.setdefault(key, {})
+            for block_hash in block_hashes:
+                counts[block_hash] = counts.get(block_hash, 0) + 1
+        self._seq += 1
+        heapq.heappush(self._expiry, (expires_s, self._seq, key, last))
 
     def match(self, namespace: object, block_hashes: Sequence[int], worker_ids: Sequence[int]) -> list[int]:
         """Leading blocks of ``block_hashes`` in flight to each worker, same order as ``worker_ids``."""
@@ -142,8 +160,8 @@ class InFlightPrefixes:
 
         Args:
             stored_hashes: a chain of block hashes (prompt order) the directory reports
-                stored on the worker; an entry of ``k`` blocks is stored when its last
-                hash equals ``stored_hashes[k - 1]`` (chained hashes: same prefix).
+                stored on the worker; an entry is stored when its last hash is one of them
+                (chained hashes: its whole prefix is then stored too).
 
         Returns:
             Entries dropped.
@@ -152,36 +170,32 @@ class InFlightPrefixes:
         entries = self._entries.get(key)
         if not entries:
             return 0
-        keep, done = [], []
-        for entry in entries:
-            hashes = entry[1]
-            stored = len(hashes) <= len(stored_hashes) and stored_hashes[len(hashes) - 1] == hashes[-1]
-            (done if stored else keep).append(entry)
-        self._remove(key, keep, done)
+        done = [h for h in stored_hashes if h in entries]
+        for last in done:
+            self._remove(key, last)
         return len(done)
 
     def expire(self, now_s: float) -> int:
         """Drop the entries whose expiry time is ≤ ``now_s``. Returns entries dropped."""
         dropped = 0
-        for key in list(self._entries):
-            keep = [e for e in self._entries[key] if e[0] > now_s]
-            done = [e for e in self._entries[key] if e[0] <= now_s]
-            self._remove(key, keep, done)
-            dropped += len(done)
+        while self._expiry and self._expiry[0][0] <= now_s:
+            expires_s, _, key, last = heapq.heappop(self._expiry)
+            entry = self._entries.get(key, {}).get(last)
+            if entry is not None and entry[0] == expires_s:  # else confirmed, or extended (a later heap item)
+                self._remove(key, last)
+                dropped += 1
         return dropped
 
     def __len__(self) -> int:
         """Entries held, all workers."""
         return sum(len(entries) for entries in self._entries.values())
 
-    def _remove(self, key: tuple[object, int], keep: list, done: list) -> None:
-        counts = self._counts[key]
-        for _, hashes in done:
-            for block_hash in hashes:
-                counts[block_hash] -= 1
-                if not counts[block_hash]:
-                    del counts[block_hash]
-        if keep:
-            self._entries[key] = keep
-        else:
+    def _remove(self, key: tuple[object, int], last: int) -> None:
+        entries, counts = self._entries[key], self._counts[key]
+        _, hashes = entries.pop(last)
+        for block_hash in hashes:
+            counts[block_hash] -= 1
+            if not counts[block_hash]:
+                del counts[block_hash]
+        if not entries:
             del self._entries[key], self._counts[key]

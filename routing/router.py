@@ -346,17 +346,21 @@ class Router:
     ) -> list[int]:
         """Leading blocks of the request in flight to each candidate (all 0 when not counted).
 
-        Expired entries go first; then each candidate's entries that the directory now
-        reports stored (within the request's own matched prefix) leave the index.
+        Expired entries go first; then, where some of the request's prefix is in flight to a
+        candidate, that candidate's entries the directory now reports stored (within the
+        request's own matched prefix) leave the index (elsewhere no entry can be confirmed
+        by this request's chain: chained hashes).
         """
         if self.in_flight is None:
             return [0] * len(matches)
         self.in_flight.expire(now_s)
         blocks = []
         for match, namespace in zip(matches, namespaces, strict=True):
-            stored = request.block_hashes[: match.reusable_blocks]
-            self.in_flight.confirm(namespace, match.worker_id, stored)
-            blocks.append(self.in_flight.match(namespace, request.block_hashes, [match.worker_id])[0])
+            flying = self.in_flight.match(namespace, request.block_hashes, [match.worker_id])[0]
+            if flying and match.reusable_blocks:  # only entries within this request's chain can matter here
+                self.in_flight.confirm(namespace, match.worker_id, request.block_hashes[: match.reusable_blocks])
+                flying = self.in_flight.match(namespace, request.block_hashes, [match.worker_id])[0]
+            blocks.append(flying)
         return blocks
 
     def _plans(
