@@ -205,7 +205,8 @@ class Router:
     (:class:`~kvcost.calibration.adaptive_conformal.AdaptiveConformalScale`, target 90 %),
     updated by :meth:`on_outcome` against the bound served for that request. Split-conformal
     bounds fitted once drift with the load (kvcost issue 13 §4: a champion's 90 % bound covered
-    81.7 % on the next 1,700 s of the bundled trace). P50, which the policies rank by, is unchanged.
+    81.7 % on the next 1,700 s of the bundled trace). P50 is unchanged; the policies rank by the
+    composed TTFT of the terms.
 
     Thread safety: not thread-safe (the skew window and stateful policies
     change on every decision); one router per event loop.
@@ -232,7 +233,7 @@ class Router:
         self.in_flight: InFlightPrefixes | None = InFlightPrefixes() if counts else None
         self.interval = AdaptiveConformalScale() if reads_from is None else reads_from.interval
         self._served_p90_s: OrderedDict[int, float] = OrderedDict()
-        self._adds_in_flight = reads_from is None
+        self._records = reads_from is None  # in-flight prefixes and served bounds of what it routes
         if reads_from is not None:
             self.in_flight = reads_from.in_flight if counts else None
 
@@ -275,7 +276,7 @@ class Router:
             reusable_tokens=reusable,
             predictions=predictions,
             load_tokens=load,
-            allowed=self._skew_allowed(worker_ids, matches, predictions, calibrated),
+            allowed=self._skew_allowed(worker_ids, matches, predictions),
             now_s=now_s,
             matches=tuple(matches),
             step_models=self.step_models,
@@ -287,9 +288,9 @@ class Router:
             reason += "; " + _fetch_reason(plans[index], ctx, local_score[index], index)
         self.policy.on_routed(ctx, index)
         self._record(worker_ids[index], request.input_tokens)
-        if calibrated is not None and self._adds_in_flight:
+        if calibrated is not None and self._records:
             self._remember_bound(request.request_id, float(calibrated.p90_s[index]))
-        if self.in_flight is not None and self._adds_in_flight:
+        if self.in_flight is not None and self._records:
             expires_s = now_s + IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index])
             self.in_flight.add(namespaces[index], worker_ids[index], request.block_hashes, expires_s)
         return RouteDecision(
@@ -476,7 +477,6 @@ class Router:
         worker_ids: tuple[int, ...],
         matches: Sequence[DirectoryMatch],
         predictions: TermPredictions,
-        calibrated: CalibratedTTFT | None,
     ) -> np.ndarray:
         """Which candidates the hot-spot skew limit allows, bool ``(n,)`` (never all False).
 
@@ -492,9 +492,8 @@ class Router:
         allowed = np.array([self._window_tokens.get(w, 0) / total <= cap for w in worker_ids])
         if not allowed.any():
             return np.ones(len(worker_ids), dtype=bool)
-        score_s = predictions.ttft_s
         blocks = np.array([m.reusable_blocks for m in matches], dtype=np.int64)
-        return keep_prefix_holders(allowed, blocks, predictions.queue_s, score_s)
+        return keep_prefix_holders(allowed, blocks, predictions.queue_s, predictions.ttft_s)
 
     def _record(self, worker_id: int, tokens: int) -> None:
         if len(self._window) == self._window.maxlen:
