@@ -27,7 +27,7 @@ def bench(
         str | None,
         typer.Option(
             help="Skip the calibration: rate scales per size for 60/80/95 %, e.g. '4=0.55,0.71,1;8=0.92,1.19,2' "
-            "(a previous bench.json's load_levels)."
+            "(copied from a previous bench.json's load_levels)."
         ),
     ] = None,
 ) -> None:
