@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -78,9 +79,20 @@ def print_bench(result: dict) -> None:
             r["load"],
             r["policy"],
             f"{r['ttft_p99_s']:.2f}",
-            f"{r['p99_vs_best_baseline']:.2f}",
-            f"{r['p99_vs_oracle']:.2f}",
+            _ratio(r["p99_vs_best_baseline"]),
+            _ratio(r["p99_vs_oracle"]),
             f"{r['hit_ratio']:.1%}",
         )
     console.print(table)
+    missed = [c for c in result["calibration"] if isinstance(c, dict) and not c["within_tolerance"]]
+    for c in missed:
+        console.print(
+            f"{c['workers']} workers, {c['load']}: calibration reached {c['utilisation']:.1%} utilisation "
+            f"(rate scale {c['rate_scale']:g}), not {c['target']:.0%} ± 3 points"
+        )
     console.print(f"report: {Path(result['out']) / 'bench.md'}")
+
+
+def _ratio(value: float) -> str:
+    """A ratio to two decimals; ``–`` when it is undefined (NaN: the reference policy was not run)."""
+    return "–" if math.isnan(value) else f"{value:.2f}"

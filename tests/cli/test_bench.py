@@ -1,0 +1,36 @@
+"""Tests for kvcost.cli.bench's console table (the grid itself: tests/replay/test_bench_grid.py)."""
+
+import math
+
+from kvcost.cli.bench import print_bench
+from kvcost.cli.common import console
+
+
+def test_undefined_ratios_print_a_dash_and_unreached_load_levels_are_named():
+    row = {"workers": 4, "load": "95%", "policy": "cost_aware", "ttft_p99_s": 1.5, "hit_ratio": 0.5}
+    row |= {"p99_vs_best_baseline": 0.75, "p99_vs_oracle": math.nan}
+    calibration = [
+        {"workers": 4, "load": "80%", "target": 0.8, "rate_scale": 2.0, "utilisation": 0.79, "within_tolerance": True},
+        {
+            "workers": 4,
+            "load": "95%",
+            "target": 0.95,
+            "rate_scale": 8.0,
+            "utilisation": 0.777,
+            "within_tolerance": False,
+        },
+    ]
+    result = {"trace": "t", "window": "whole trace", "results": [row], "calibration": calibration, "out": "o"}
+    with console.capture() as captured:
+        print_bench(result)
+    lines = [line.strip() for line in captured.get().splitlines()]
+    assert any(line.startswith("│ 4") and "│ 0.75" in line and "│ –" in line for line in lines)
+    assert "4 workers, 95%: calibration reached 77.7% utilisation (rate scale 8), not 95% ± 3 points" in lines
+    assert not any("80%: calibration" in line for line in lines)
+
+
+def test_constant_load_levels_have_no_calibration_lines():
+    result = {"trace": "t", "window": "w", "results": [], "calibration": "constants (rate_scales)", "out": "o"}
+    with console.capture() as captured:
+        print_bench(result)
+    assert "calibration reached" not in captured.get()
