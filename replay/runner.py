@@ -9,6 +9,7 @@ simulation work or output is written.
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -49,6 +50,7 @@ from kvcost.replay.online import OnlineSettings
 from kvcost.replay.outputs import log_replay, write_report_md
 from kvcost.replay.simulator import ReplayResult
 from kvcost.routing.policies import ROUTER_POLICIES
+from kvcost.routing.router import RouterSettings
 
 _log = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ def prepare(
     skip_bad_lines: bool,
     out: Path | None,
     db: Path,
+    count_in_flight: bool = True,
+    max_share_over_mean: float = math.inf,
     **cluster,
 ) -> RunSpec:
     """Load the trace and build the cluster configuration; check outputs can be written.
@@ -90,6 +94,8 @@ def prepare(
         skip_bad_lines: skip malformed trace lines instead of failing.
         out: output folder (None: ``runs/<UTC timestamp>``).
         db: DuckDB log path.
+        count_in_flight, max_share_over_mean: the router's settings of the same names
+            (:class:`~kvcost.routing.router.RouterSettings`), for every arm.
         **cluster: further :class:`ClusterConfig` fields (model, token_budget, seed, warmup_s ...).
 
     Raises:
@@ -106,6 +112,7 @@ def prepare(
     config = ClusterConfig(
         fleet=parse_fleet(fleet, 0 if fleet else workers),
         slowdowns=tuple(parse_slowdown(s) for s in slowdowns),
+        router=RouterSettings(count_in_flight=count_in_flight, max_share_over_mean=max_share_over_mean),
         **cluster,
     )
     last_arrival_s = loaded.requests[-1].arrival_s

@@ -9,6 +9,7 @@ them; the trace window is checked by :func:`kvcost.data.traces.load_trace`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 from pathlib import Path
 
@@ -79,6 +80,16 @@ class ReplaySettings(BaseModel):
     )
     jitter_sigma: float = Field(
         _cluster_default("jitter_sigma"), description="σ of the log-normal per-step jitter (ground truth only)."
+    )
+    count_in_flight: bool = Field(
+        True,
+        description="Cost-aware routers count prefixes they routed that are not stored yet as reusable.",
+    )
+    max_share_over_mean: float = Field(
+        math.inf,
+        ge=0,
+        description="Hot-spot skew limit: exclude a worker over (1 + this) / workers of the recent routed "
+        "tokens (inf = off).",
     )
     skip_bad_lines: bool = Field(False, description="Skip malformed trace lines and report how many.")
     out: Path | None = Field(None, description="Output folder (default runs/<UTC timestamp>).")

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcost.cli import app
+from kvcost.replay.experiment import configure
 from kvcost.replay.online import OnlineSettings
 from kvcost.replay.runner import (
     LearnedSetup,
@@ -17,6 +18,7 @@ from kvcost.replay.runner import (
     parse_rate_scales,
     prepare,
 )
+from kvcost.routing.router import RouterSettings
 
 runner = CliRunner()
 
@@ -140,3 +142,10 @@ def test_parse_rate_scales_maps_each_size_to_the_three_load_levels():
 def test_parse_rate_scales_names_the_bad_entry(text, message):
     with pytest.raises(ValueError, match="^" + re.escape(message.replace("--rate-scales", "rate_scales"))):
         parse_rate_scales(text, [4])
+
+
+def test_router_options_reach_every_arm(tmp_path):
+    assert _prepare(tmp_path).config.router == RouterSettings()  # in-flight prefixes on, skew limit off
+    spec = _prepare(tmp_path, count_in_flight=False, max_share_over_mean=1.0)
+    arm = configure(spec.config, experiment_arms()[2])
+    assert (arm.router.policy, arm.router.count_in_flight, arm.router.max_share_over_mean) == ("cost_aware", False, 1.0)
