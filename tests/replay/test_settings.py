@@ -1,5 +1,6 @@
 """Tests for kvcost.replay.settings: the replay options' table and the default rate scale."""
 
+import math
 from pathlib import Path
 
 from kvcost.replay.eviction_study import StudySettings
@@ -24,6 +25,8 @@ def test_prepare_arguments_are_the_runner_keywords():
         "kv_capacity_blocks": None,
         "gpu_memory_utilization": 0.9,
         "jitter_sigma": 0.05,
+        "count_in_flight": True,
+        "max_share_over_mean": math.inf,
         "skip_bad_lines": False,
         "out": None,
         "db": Path("runs/kvcost.duckdb"),
