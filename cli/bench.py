@@ -84,7 +84,8 @@ def print_bench(result: dict) -> None:
             f"{r['hit_ratio']:.1%}",
         )
     console.print(table)
-    missed = [c for c in result["calibration"] if isinstance(c, dict) and not c["within_tolerance"]]
+    calibration = result["calibration"]  # a list of levels, or a string when the scales were not calibrated
+    missed = [c for c in calibration if not c["within_tolerance"]] if isinstance(calibration, list) else []
     for c in missed:
         console.print(
             f"{c['workers']} workers, {c['load']}: calibration reached {c['utilisation']:.1%} utilisation "

@@ -230,12 +230,11 @@ class Router:
         self._window: deque[tuple[int, int]] = deque(maxlen=settings.skew_window_requests)
         self._window_tokens: dict[int, int] = {}
         counts = settings.count_in_flight and self.policy.counts_in_flight
-        self.in_flight: InFlightPrefixes | None = InFlightPrefixes() if counts else None
+        own = InFlightPrefixes() if reads_from is None else reads_from.in_flight
+        self.in_flight: InFlightPrefixes | None = own if counts else None
         self.interval = AdaptiveConformalScale() if reads_from is None else reads_from.interval
         self._served_p90_s: OrderedDict[int, float] = OrderedDict()
         self._records = reads_from is None  # in-flight prefixes and served bounds of what it routes
-        if reads_from is not None:
-            self.in_flight = reads_from.in_flight if counts else None
 
     def set_cost_model(self, cost_model: TermModelSet | None) -> None:
         """Swap the cost model (e.g. newly retrained models); None = the analytic model."""
