@@ -7,7 +7,8 @@ with data parallelism, rank ``r`` adds ``r`` to both ports) and serves its last
 ``buffer_steps`` batches on a ROUTER socket: a client sends the first sequence
 number it wants as 8 bytes big-endian (after an empty delimiter frame) and gets
 back one ``[seq, payload]`` message per buffered batch from that number on,
-then ``[-1 as 8 signed bytes, b""]``.
+then ``[-1 as 8 signed bytes, b""]`` (vLLM ≥ 0.32 adds the topic before the sequence
+number: :func:`replay_reply` reads both layouts).
 
 :class:`KVEventSubscriber` connects one SUB socket per engine endpoint (the
 worker is known from the socket) and/or binds one SUB socket that many engines
@@ -259,13 +260,30 @@ class KVEventSubscriber:
             return []
         batches = []
         while sock.poll(self._replay_timeout_ms):
-            frames = sock.recv_multipart()
-            if len(frames) != 3 or len(frames[1]) != 8:
-                logger.warning("worker %s: malformed replay reply of %d frames", worker_id, len(frames))
+            reply = replay_reply(sock.recv_multipart())
+            if reply is None:
+                logger.warning("worker %s: malformed replay reply", worker_id)
                 continue
-            _, seq_frame, payload = frames
-            if seq_frame == END_OF_REPLAY_SEQ:
+            if reply[0] < 0:
                 return batches
-            batches.append((int.from_bytes(seq_frame, "big"), payload))
+            batches.append(reply)
         logger.warning("worker %s: replay from %d timed out after %d batches", worker_id, from_seq, len(batches))
         return batches
+
+
+def replay_reply(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
+    """``(seq, payload)`` of one replay reply as a DEALER receives it; ``seq`` = −1 for the end marker.
+
+    Two layouts: vLLM ≥ 0.32 (``ZmqEventPublisher._service_replay`` sends the topic too)
+    ``[b"", topic, seq, payload]`` with end marker ``[b"", b"", −1, b""]``; earlier
+    releases ``[b"", seq, payload]`` with end marker ``[b"", −1, b""]``. ``seq`` is 8 bytes
+    big-endian (signed for the marker). Returns None for any other shape.
+    """
+    if len(frames) == 4:
+        frames = (frames[0], frames[2], frames[3])
+    if len(frames) != 3 or frames[0] != b"" or len(frames[1]) != 8:
+        return None
+    _, seq_frame, payload = frames
+    if seq_frame == END_OF_REPLAY_SEQ:
+        return -1, b""
+    return int.from_bytes(seq_frame, "big"), payload

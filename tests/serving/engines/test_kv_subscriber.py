@@ -3,8 +3,9 @@
 ``FakeEngine`` is the publishing half of vLLM's ``ZmqEventPublisher``: a PUB-side
 socket sending ``[topic, seq (8 bytes big-endian), msgpack EventBatch]`` and a
 ROUTER replay socket that answers ``[b"", start_seq]`` with one
-``[b"", seq, payload]`` per buffered batch from ``start_seq`` on, then
-``[b"", -1, b""]``. The PUB side is an XPUB socket: the same wire protocol as PUB
+``[b"", topic, seq, payload]`` per buffered batch from ``start_seq`` on, then
+``[b"", b"", -1, b""]`` (vLLM 0.32; ``topic_in_replay=False``: the earlier
+``[b"", seq, payload]`` and ``[b"", -1, b""]``). The PUB side is an XPUB socket: the same wire protocol as PUB
 (vLLM's), but it also receives the subscriber's subscription, so a test knows
 when the subscriber is connected instead of sleeping.
 """
@@ -20,7 +21,7 @@ import zmq
 from kvcost.core.types import DirectoryMatch, Namespace
 from kvcost.routing.directory import CacheDirectory
 from kvcost.serving.engines.kv_events import KVEventIngestor
-from kvcost.serving.engines.kv_subscriber import KVEventSource, KVEventSubscriber
+from kvcost.serving.engines.kv_subscriber import KVEventSource, KVEventSubscriber, replay_reply
 from tests.serving.engines.test_kv_events import V010, VMAP, stored_map
 
 NS = Namespace("llama-3-8b", block_size_tokens=4)
@@ -32,8 +33,16 @@ WAIT_S = 2.0  # longest bounded wait of any step
 class FakeEngine:
     """vLLM's publisher sockets, driven by the test thread."""
 
-    def __init__(self, context: zmq.Context, topic: bytes = TOPIC, replay: bool = False, connect: str | None = None):
+    def __init__(
+        self,
+        context: zmq.Context,
+        topic: bytes = TOPIC,
+        replay: bool = False,
+        connect: str | None = None,
+        topic_in_replay: bool = True,
+    ):
         self.topic = topic
+        self.topic_in_replay = topic_in_replay
         self.pub = context.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         if connect is None:
@@ -70,10 +79,12 @@ class FakeEngine:
         client, empty, start = self.router.recv_multipart()
         assert empty == b""
         start_seq = int.from_bytes(start, "big")
+        topic = [self.topic] if self.topic_in_replay else []
         for seq, payload in self.buffer:
             if seq >= start_seq:
-                self.router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-        self.router.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True), b""])
+                self.router.send_multipart([client, b"", *topic, seq.to_bytes(8, "big"), payload])
+        end = [b""] if self.topic_in_replay else []
+        self.router.send_multipart([client, b"", *end, (-1).to_bytes(8, "big", signed=True), b""])
         return start_seq
 
     def close(self) -> None:
@@ -110,7 +121,8 @@ def stored(hashes, parent=None, medium="GPU"):
 
 
 def test_connected_engines_both_encodings_gap_replay_restart_and_garbage(context):
-    a = FakeEngine(context, replay=True)  # array encoding (vLLM 0.10 – 0.2x), with a replay socket
+    # array encoding (vLLM 0.10 – 0.2x), with a replay socket in their 3-frame layout
+    a = FakeEngine(context, replay=True, topic_in_replay=False)
     b = FakeEngine(context)  # map encoding (vLLM main), no replay socket
     ingestor = KVEventIngestor(CacheDirectory(), lambda worker_id: NS)
     subscriber = KVEventSubscriber(
@@ -264,3 +276,15 @@ def test_readers_are_not_blocked_during_a_replay_and_a_silent_replay_times_out(c
         with subscriber.lock:
             assert (subscriber.stats.gaps, subscriber.stats.replayed_batches) == (2, 1)
     engine.close()
+
+
+def test_replay_reply_reads_both_layouts_and_refuses_others():
+    seq7 = (7).to_bytes(8, "big")
+    end = (-1).to_bytes(8, "big", signed=True)
+    assert replay_reply([b"", b"kv", seq7, b"payload"]) == (7, b"payload")  # vLLM 0.32
+    assert replay_reply([b"", b"", end, b""]) == (-1, b"")
+    assert replay_reply([b"", seq7, b"payload"]) == (7, b"payload")  # earlier releases
+    assert replay_reply([b"", end, b""]) == (-1, b"")
+    assert replay_reply([b"", b"kv", b"\x07", b"payload"]) is None  # sequence not 8 bytes
+    assert replay_reply([b"x", seq7, b"payload"]) is None  # no empty delimiter
+    assert replay_reply([b"", seq7]) is None
