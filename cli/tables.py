@@ -37,6 +37,16 @@ SERVE = SettingsTable(
         "scrape_interval_s",
         "tiers",
         "reuse_model_dir",
+        "engines",
+        "tokenizer",
+        "engine_connect_timeout_s",
+        "engine_read_timeout_s",
+        "routed_ttl_s",
     ),
-    renames={"db_path": "db", "gpu_default": "gpu", "hash_algorithm": "prefix_caching_hash_algo"},
+    renames={
+        "db_path": "db",
+        "gpu_default": "gpu",
+        "hash_algorithm": "prefix_caching_hash_algo",
+        "engines": "engine",
+    },
 )

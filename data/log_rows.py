@@ -56,6 +56,8 @@ class RequestRow(NamedTuple):
         directory_mismatch_tokens: promised reuse that was gone at admission.
         mismatch_lost_s: nominal prefill time of the mismatch tokens, seconds.
         served_by: prefix source (``local_hit``, ``tier_load``, ``remote_transfer``, ``recompute``).
+        client_request_id: the client's own id of the request (gateway); None in replays.
+        outcome: ``ok``, or what ended the request, naming the engine (gateway); None in replays.
     """
 
     request_id: int
@@ -72,6 +74,8 @@ class RequestRow(NamedTuple):
     directory_mismatch_tokens: int | None = None
     mismatch_lost_s: float | None = None
     served_by: str | None = None
+    client_request_id: str | None = None
+    outcome: str | None = None
 
 
 #: ``requests`` columns filled from a :class:`RequestRow` field of the same name, in schema order.

@@ -97,6 +97,8 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         Column("directory_mismatch_tokens", "BIGINT", "promised reuse that was gone at admission"),
         Column("mismatch_lost_s", "DOUBLE", "nominal prefill time of the mismatch tokens, seconds"),
         Column("served_by", "VARCHAR", "prefix source: local_hit, tier_load, remote_transfer, recompute"),
+        Column("client_request_id", "VARCHAR", "the client's request id (gateway: X-Request-Id or request_id)"),
+        Column("outcome", "VARCHAR", "gateway: ok, or what ended the request (naming the engine); NULL in replays"),
     ),
     "candidates": (
         RUN_ID,

@@ -147,6 +147,7 @@ class CacheDirectory:
         self._last_event_s: dict[int, float] = {}
         self._namespaces_of: dict[int, set[Namespace]] = {}  # namespaces a worker ever stored into
         self._stale: set[int] = set()
+        self._unknown: set[int] = set()  # workers whose engine cannot be reached: nothing of theirs is matched
         # approximate mode: (namespace, worker) -> block hash -> last time routed, oldest first
         self._routed: dict[tuple[Namespace, int], OrderedDict[int, float]] = {}
 
@@ -291,8 +292,9 @@ class CacheDirectory:
         vLLM's AllBlocksCleared (``tier="gpu"``: ``reset_prefix_cache`` empties the GPU block pool,
         not the offload connector's CPU / disk copies).
 
-        Once the worker holds nothing in any tier it is no longer stale (the directory's view
-        of it is exact: empty); a full clear also forgets its approximate-mode records.
+        Once the worker holds nothing in any tier it is no longer stale nor unknown (the
+        directory's view of it is exact: empty); a full clear also forgets its
+        approximate-mode records.
 
         Raises:
             ValueError: unknown tier name.
@@ -308,6 +310,7 @@ class CacheDirectory:
         if not held_elsewhere:
             self._namespaces_of.pop(worker_id, None)
             self._stale.discard(worker_id)
+            self._unknown.discard(worker_id)
         if tier is None:
             for key in [key for key in self._routed if key[1] == worker_id]:
                 del self._routed[key]
@@ -328,6 +331,24 @@ class CacheDirectory:
     def is_stale(self, worker_id: int) -> bool:
         """Whether :meth:`mark_stale` flagged ``worker_id`` since its last :meth:`clear_worker`."""
         return worker_id in self._stale
+
+    def mark_unknown(self, worker_id: int) -> None:
+        """Match nothing on ``worker_id`` until :meth:`mark_known`: its engine cannot be reached.
+
+        A down engine holds no cache anyone can use, and one that comes back may be a new
+        process with an empty cache whose first KV event has not arrived yet. Its entries are
+        kept (the engine may come back as the same process, cache intact), but
+        :meth:`match` reports 0 reusable blocks and ``stale`` for it.
+        """
+        self._unknown.add(worker_id)
+
+    def mark_known(self, worker_id: int) -> None:
+        """Match ``worker_id``'s entries again (its engine answers as the same process); see :meth:`mark_unknown`."""
+        self._unknown.discard(worker_id)
+
+    def is_unknown(self, worker_id: int) -> bool:
+        """Whether ``worker_id`` is marked unknown (:meth:`mark_unknown`)."""
+        return worker_id in self._unknown
 
     # -- approximate mode -----------------------------------------------------------------------
 
@@ -423,16 +444,16 @@ class CacheDirectory:
             depth.update(dict.fromkeys(alive, i))
         last = self._last_event_s
         stale = self._stale
+        unknown = self._unknown
         result = []
         for worker_id in worker_ids:
-            blocks = depth.get(worker_id, 0)
+            blocks = 0 if worker_id in unknown else depth.get(worker_id, 0)
             tier = "none"
             if blocks:
                 holders = tree[block_hashes[blocks - 1]]
                 tier = _BEST_TIER[holders[worker_id] if type(holders) is dict else holders & _MASK]
-            result.append(
-                DirectoryMatch(worker_id, blocks, tier, now_s - last.get(worker_id, _NEVER), worker_id in stale)
-            )
+            is_stale = worker_id in stale or worker_id in unknown
+            result.append(DirectoryMatch(worker_id, blocks, tier, now_s - last.get(worker_id, _NEVER), is_stale))
         return result
 
     def match_tiers(
@@ -452,12 +473,12 @@ class CacheDirectory:
         Returns:
             ``{worker_id: (gpu_blocks, cpu_blocks, any_blocks)}``: leading blocks held
             in the GPU tier; in the GPU or CPU tier; in any tier. Non-decreasing;
-            ``(0, 0, 0)`` for a worker holding nothing.
+            ``(0, 0, 0)`` for a worker holding nothing or marked unknown.
         """
         tree = self._trees.get(namespace, {})
         limits = (_TIER_BIT["gpu"], _TIER_BIT["gpu"] | _TIER_BIT["cpu"], _MASK)
         depth = {worker_id: [0, 0, 0] for worker_id in worker_ids}
-        open_levels = {worker_id: [0, 1, 2] for worker_id in worker_ids}
+        open_levels = {worker_id: [0, 1, 2] for worker_id in worker_ids if worker_id not in self._unknown}
         for i, block_hash in enumerate(block_hashes):
             holders = tree.get(block_hash)
             if holders is None or not open_levels:

@@ -8,12 +8,18 @@ route                                      token  does
 ``POST /v1/observe``                       yes    actual times by request id → ``requests``
 ``POST /v1/workers/{worker_id}/snapshot``  yes    a worker's load snapshot
 ``POST /v1/evict/rank``                           idle prefix nodes in eviction order, with value terms
-``GET /v1/models``                                serving model, registry versions, spec hash
-``POST /v1/models/reload``                 yes    load the champion again
+``GET /v1/cost-models``                           serving cost model, registry versions, spec hash
+``POST /v1/cost-models/reload``            yes    load the champion again
 ``GET /healthz``                                  liveness
 ``GET /readyz``                                   200 ready / degraded; 503 starting / unavailable
 ``GET /metrics``                                  Prometheus text format
 =========================================  =====  ==================================================
+
+With engines (``kvcost serve --engine W=URL …``) the app is also an
+OpenAI-compatible gateway: ``POST /v1/completions``, ``POST
+/v1/chat/completions`` and ``GET /v1/models`` (OpenAI's model list), in
+:mod:`kvcost.serving.gateway.routes`. The cost-model registry view that
+``/v1/models`` served before the gateway is ``/v1/cost-models``.
 
 "token: yes" endpoints need ``Authorization: Bearer <token>`` when the
 settings name a token file (compared in constant time); 401 otherwise.
@@ -45,11 +51,14 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.models.reuse import load_reuse_model
-from kvcost.serving.engines.engine_metrics import EngineMetricsScraper, parse_scrape_target
+from kvcost.serving.engines.engine_metrics import EngineMetricsScraper, ScrapeTarget, parse_scrape_target
 from kvcost.serving.engines.kv_events import KVEventIngestor
 from kvcost.serving.engines.kv_subscriber import KVEventSubscriber
+from kvcost.serving.engines.liveness import EngineLiveness
 from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError, UnknownRequestError
 from kvcost.serving.eviction_wire import rank_request
+from kvcost.serving.gateway.routes import build_gateway, engine_client, openai, openai_error_response
+from kvcost.serving.gateway.sse import OpenAIError
 from kvcost.serving.schemas import (
     MAX_ID,
     EvictRankIn,
@@ -67,7 +76,7 @@ from kvcost.serving.schemas import (
     SnapshotIn,
 )
 from kvcost.serving.service import ScoringService
-from kvcost.serving.settings import ServiceSettings, parse_kv_event_source, read_token
+from kvcost.serving.settings import ServiceSettings, parse_engine, parse_kv_event_source, read_token
 
 API_VERSION = "1"
 
@@ -221,7 +230,7 @@ async def evict_rank(body: EvictRankIn, request: Request) -> Response:
     return _json(rank_request(body, request.app.state.reuse_model))
 
 
-models = APIRouter(prefix="/v1/models", tags=["models"])
+models = APIRouter(prefix="/v1/cost-models", tags=["models"])
 
 
 @models.get("", response_model=ModelsResponse)
@@ -321,13 +330,29 @@ def kv_event_subscriber(settings: ServiceSettings, service: ScoringService) -> K
     return KVEventSubscriber(ingestor, sources, clock=service.clock, lock=service.lock)
 
 
-def engine_scraper(settings: ServiceSettings, service: ScoringService) -> EngineMetricsScraper | None:
-    """A scraper turning ``settings.scrape`` engines' ``/metrics`` into the service's worker snapshots, or None."""
-    if not settings.scrape:
-        return None
+def engine_scraper(
+    settings: ServiceSettings, service: ScoringService, liveness: EngineLiveness
+) -> EngineMetricsScraper | None:
+    """A scraper turning the engines' ``/metrics`` into the service's worker snapshots, or None.
+
+    Scraped: every ``settings.scrape`` target, and each gateway engine (``settings.engines``) that
+    no ``scrape`` entry names, at ``URL/metrics``. Each scrape's outcome reaches ``liveness``.
+    """
     targets = [parse_scrape_target(spec) for spec in settings.scrape]
+    named = {t.worker_id for t in targets}
+    for spec in settings.engines:
+        worker_id, url = parse_engine(spec)
+        if worker_id not in named:
+            targets.append(ScrapeTarget(worker_id, f"{url}/metrics"))
+    if not targets:
+        return None
     return EngineMetricsScraper(
-        targets, service.push_snapshot, service.metrics, settings.scrape_interval_s, settings.scrape_timeout_s
+        targets,
+        service.push_snapshot,
+        service.metrics,
+        settings.scrape_interval_s,
+        settings.scrape_timeout_s,
+        on_scrape=liveness.on_scrape,
     )
 
 
@@ -363,7 +388,12 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
         if subscriber is not None:
             subscriber.start()
         app.state.kv_subscriber = service.kv_subscriber = subscriber
-        scraper = engine_scraper(settings, service)
+        ingestor = subscriber.ingestor if subscriber is not None else None
+        client = engine_client(settings) if settings.engines else None
+        liveness = EngineLiveness(service.directory, service.lock, service.clock, ingestor)
+        if client is not None:
+            app.state.gateway = build_gateway(settings, service, client, liveness)
+        scraper = engine_scraper(settings, service, liveness)
         if scraper is not None:
             scraper.start()
         app.state.engine_scraper = scraper
@@ -376,6 +406,8 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
                 await loading
             if scraper is not None:
                 await scraper.stop()
+            if client is not None:
+                await client.aclose()
             if subscriber is not None:
                 subscriber.stop()
             service.stop()
@@ -395,6 +427,9 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     app.add_exception_handler(UnknownRequestError, _status_handler(404))
     app.add_exception_handler(ConflictError, _status_handler(409))
     app.add_exception_handler(LogUnavailableError, _status_handler(503))
+    app.add_exception_handler(OpenAIError, openai_error_response)
     for router in (scoring, observations, workers, eviction, models, health):
         app.include_router(router)
+    if settings.engines:
+        app.include_router(openai)
     return app

@@ -27,13 +27,23 @@ Exposed at ``GET /metrics`` (names as scraped; counters gain ``_total``):
 ``kvcost_kv_event_unknown_topic_total``          messages on the bound socket from an unknown topic
 ``kvcost_directory_blocks``                      distinct block hashes indexed (all namespaces)
 ``kvcost_directory_staleness_seconds``           per ``worker``: time since its last KV event (+Inf: never)
-``kvcost_directory_stale``                       per ``worker``: 1 while its entries may be wrong (lost events)
+``kvcost_directory_stale``                       per ``worker``: 1 while its entries may be wrong (lost events,
+                                                 or its engine does not answer)
+``kvcost_directory_mode``                        per ``worker`` and ``mode`` (exact: KV events; approximate:
+                                                 routed prefixes with a TTL): 1 for the worker's mode
 ``kvcost_snapshot_age_seconds``                  per ``worker``: age of its last snapshot (pushed or scraped)
 ``kvcost_decisions_in_memory``                   decisions held for /v1/observe
 ``kvcost_engine_scrapes_total``                  per ``worker`` and ``result`` (ok, timeout, unreachable,
                                                  http_error, parse_error, rejected): ``/metrics`` scrapes
 ``kvcost_engine_scrape_consecutive_failures``    per ``worker``: failed scrapes since the last good one
 ``kvcost_engine_prefix_cache_hit_ratio``         per ``worker``: the engine's prefix-cache token hit ratio
+``kvcost_gateway_requests_total``                gateway: requests per ``worker`` and ``outcome`` (ok,
+                                                 client_error, engine_error, failed_before_first_byte,
+                                                 failed_mid_stream, cancelled)
+``kvcost_gateway_ttft_seconds``                  gateway: TTFT at the first streamed token, arrival at the
+                                                 gateway to first chunk forwarded
+``kvcost_gateway_tokenize_seconds``              gateway: tokenization time per request by ``source``
+                                                 (local, engine)
 ===============================================  =======================================================
 
 The ``kvcost_kv_*`` counters and the ``kvcost_directory_*``,
@@ -95,7 +105,8 @@ class StateSample:
     Attributes:
         directory_blocks: distinct block hashes in the directory.
         directory_staleness_s: worker id → seconds since its last KV event (``inf`` if never).
-        directory_stale: worker id → its entries may be wrong (events were lost).
+        directory_stale: worker id → its entries may be wrong (events were lost, or its engine does not answer).
+        directory_mode: worker id → ``exact`` (KV events) or ``approximate`` (routed prefixes with a TTL).
         snapshot_age_s: worker id → seconds since its last snapshot.
         decisions_in_memory: decisions held for ``/v1/observe``.
         kv_event_stats: worker id → the KV-event ingestor's counters (copies).
@@ -105,6 +116,7 @@ class StateSample:
     directory_blocks: int = 0
     directory_staleness_s: dict[int, float] = field(default_factory=dict)
     directory_stale: dict[int, bool] = field(default_factory=dict)
+    directory_mode: dict[int, str] = field(default_factory=dict)
     snapshot_age_s: dict[int, float] = field(default_factory=dict)
     decisions_in_memory: int = 0
     kv_event_stats: dict[int, IngestStats] = field(default_factory=dict)
@@ -136,6 +148,12 @@ class _StateCollector:
         for worker, is_stale in sorted(s.directory_stale.items()):
             flag.add_metric([str(worker)], 1.0 if is_stale else 0.0)
         yield flag
+        mode = GaugeMetricFamily(
+            "kvcost_directory_mode", "1 for the worker's directory mode (exact, approximate)", labels=["worker", "mode"]
+        )
+        for worker, name in sorted(s.directory_mode.items()):
+            mode.add_metric([str(worker), name], 1.0)
+        yield mode
         snap = GaugeMetricFamily("kvcost_snapshot_age_seconds", "Age of the worker's last snapshot", labels=["worker"])
         for worker, age_s in sorted(s.snapshot_age_s.items()):
             snap.add_metric([str(worker)], age_s)
@@ -236,6 +254,22 @@ class ServiceMetrics:
             "kvcost_engine_prefix_cache_hit_ratio",
             "The engine's prefix-cache token hit ratio (over the last scrape interval when counters allow)",
             ["worker"],
+            registry=r,
+        )
+        self.gateway_requests = Counter(
+            "kvcost_gateway_requests", "Gateway requests by worker and outcome", ["worker", "outcome"], registry=r
+        )
+        self.gateway_ttft = Histogram(
+            "kvcost_gateway_ttft_seconds",
+            "TTFT at the gateway: arrival to the first streamed chunk forwarded",
+            buckets=ERROR_BUCKETS_S,
+            registry=r,
+        )
+        self.gateway_tokenize = Histogram(
+            "kvcost_gateway_tokenize_seconds",
+            "Tokenization time per gateway request, by source (local, engine)",
+            ["source"],
+            buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
         for term in TERMS_AND_TTFT:  # every term series exists from the start

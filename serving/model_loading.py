@@ -4,7 +4,7 @@
 timeout; a failure while no champion is loaded falls back to the analytic
 model, marks the service degraded (``/readyz``) and counts
 ``kvcost_model_fallbacks_total``. It also lists the registry's versions for
-``GET /v1/models``. :func:`default_step_models` gives the step-time model of
+``GET /v1/cost-models``. :func:`default_step_models` gives the step-time model of
 every GPU type the service can score.
 """
 
@@ -96,7 +96,7 @@ class ModelManager:
 
     Args:
         loader: loads the champion; None = analytic by configuration.
-        lister: lists registry versions for ``GET /v1/models``; None = none.
+        lister: lists registry versions for ``GET /v1/cost-models``; None = none.
         apply: installs a model set in the routers (called under no lock of its own).
         metrics: the service's metrics (fallbacks, degraded, learned gauges).
         clock: wall clock, epoch seconds (``loaded_at_s``).

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +37,7 @@ from kvcost.serving.schemas import (
     SnapshotIn,
     TermsOut,
 )
-from kvcost.serving.settings import ServiceSettings
+from kvcost.serving.settings import ServiceSettings, parse_kv_event_source
 
 
 @dataclass(slots=True)
@@ -137,6 +137,10 @@ class Routing:
         scoring = RouterSettings(policy="cost_aware", tiers=settings.tiers)
         self.scorer = Router(directory, self.step_models, scoring, analytic, reads_from=self.router)
         self._hash_cache = PrefixHashCache(settings.hash_cache_blocks) if settings.hash_cache_blocks else None
+        #: Workers whose directory entries come from KV events (exact mode); every other worker's come
+        #: from the prefixes routed to it, forgotten after ``routed_ttl_s`` (approximate mode).
+        self.exact_workers = frozenset(parse_kv_event_source(spec).worker_id for spec in settings.kv_events)
+        self._directory = directory
         #: The last snapshot pushed per worker and when it arrived (epoch seconds).
         self.snapshots: dict[int, tuple[WorkerSnapshot, float]] = {}
         self.decisions = DecisionStore(settings.max_decisions)
@@ -164,7 +168,7 @@ class Routing:
         now_s = self.clock()
         request, snapshots, sources, ages = self.resolve(body, now_s)
         decision = self._route(self.scorer, request, snapshots, now_s)
-        return ScoreResponse(**score_fields(decision, request, sources, ages, model_label))
+        return ScoreResponse(**score_fields(decision, request, sources, ages, model_label, self.directory_mode))
 
     def route(self, body: ScoreRequestIn, run_id: str, model_label: str) -> tuple[RouteResponse, RouteDecision]:
         """Route the request and remember the decision; returns the response and the decision (to log).
@@ -182,7 +186,36 @@ class Routing:
             )
         now_s = self.clock()
         request, snapshots, sources, ages = self.resolve(body, now_s)
+        return self.decide(request, snapshots, sources, ages, run_id, model_label, now_s)
+
+    def directory_mode(self, worker_id: int) -> str:
+        """``exact`` (the worker's KV events feed the directory) or ``approximate`` (routed prefixes, with a TTL)."""
+        return "exact" if worker_id in self.exact_workers else "approximate"
+
+    def decide(
+        self,
+        request: RouteRequest,
+        snapshots: list[WorkerSnapshot],
+        sources: Mapping[int, str],
+        ages: Mapping[int, float],
+        run_id: str,
+        model_label: str,
+        now_s: float,
+    ) -> tuple[RouteResponse, RouteDecision]:
+        """Route a resolved request (see :meth:`resolve`), remember the decision; returns the response and it.
+
+        In approximate mode the chosen worker is recorded as holding the request's blocks
+        (:meth:`CacheDirectory.record_routed`), and blocks routed more than ``routed_ttl_s``
+        ago are forgotten, as Dynamo's router does without KV events (its ``ApproxKvIndexer``).
+
+        Raises:
+            FieldError: no candidate serves the request's namespace.
+        """
         decision = self._route(self.router, request, snapshots, now_s)
+        if decision.worker_id not in self.exact_workers:
+            with self.lock:
+                self._directory.expire_routed(now_s, self.settings.routed_ttl_s)
+                self._directory.record_routed(request.namespace, decision.worker_id, request.block_hashes, now_s)
         index = decision.chosen_index
         pred = decision.predictions.as_matrix()
         record = DecisionRecord(
@@ -193,9 +226,9 @@ class Routing:
             tuple(float(x) for x in pred[index]),
             request.arrival_s,
         )
-        self.decisions.remember(request_id, record)
+        self.decisions.remember(request.request_id, record)
         response = RouteResponse(
-            **score_fields(decision, request, sources, ages, model_label),
+            **score_fields(decision, request, sources, ages, model_label, self.directory_mode),
             worker_id=decision.worker_id,
             chosen_index=index,
             policy=self.settings.policy,
@@ -261,6 +294,29 @@ class Routing:
         snapshots, sources, ages = self._candidate_snapshots(body, now_s)
         arrival_s = req.arrival_s if req.arrival_s is not None else now_s
         return RouteRequest(req.request_id, arrival_s, input_tokens, hashes, ns), snapshots, sources, ages
+
+    def token_request(
+        self, request_id: int, token_ids: Sequence[int], arrival_s: float, cache_salt: str | None = None
+    ) -> RouteRequest:
+        """The gateway's request: ``token_ids`` hashed as the engines hash them, in the engines' namespace.
+
+        Args:
+            request_id: the gateway's id of the decision.
+            token_ids: the prompt's token ids, each in ``[0, 2**32)``.
+            arrival_s: arrival at the gateway, epoch seconds.
+            cache_salt: the request's ``cache_salt`` (vLLM hashes it into the first block), or None.
+        """
+        ns = self.settings.event_namespace()
+        hashes = block_hashes_for(
+            token_ids,
+            ns.block_size_tokens,
+            ns,
+            self.settings.hash_algorithm,
+            self.settings.hash_seed,
+            self._hash_cache,
+            cache_salt=cache_salt,
+        )
+        return RouteRequest(request_id, arrival_s, len(token_ids), hashes, ns)
 
     def _candidate_snapshots(
         self, body: ScoreRequestIn, now_s: float
@@ -338,10 +394,12 @@ def score_fields(
     sources: Mapping[int, str],
     ages: Mapping[int, float],
     model_label: str,
+    directory_mode: Callable[[int], str],
 ) -> dict:
     """The fields a score and a route response share: per-candidate terms, TTFT, P50/P90, reuse, snapshot age.
 
-    ``sources`` and ``ages`` are per worker id (the router may have left incompatible candidates out).
+    ``sources`` and ``ages`` are per worker id (the router may have left incompatible candidates out);
+    ``directory_mode`` names each worker's directory mode.
     """
     p = decision.predictions
     ttft = p.ttft_s
@@ -367,6 +425,7 @@ def score_fields(
             tier=decision.matches[i].tier,
             directory_age_s=_finite_or_none(decision.matches[i].age_s),
             directory_stale=decision.matches[i].stale,
+            directory_mode=directory_mode(worker_id),
             snapshot=sources[worker_id],
             snapshot_age_s=ages[worker_id],
         )

@@ -216,10 +216,18 @@ class CandidateScore(BaseModel):
     tier: str = Field(description="tier of the deepest matched block: none, gpu, cpu, disk, remote")
     directory_age_s: float | None = Field(description="time since the worker's last KV event; null if never")
     directory_stale: bool = Field(
-        description="the worker's KV event stream lost batches that could not be replayed: its reusable "
-        "prefix may be wrong until the engine restarts or clears its cache"
+        description="the worker's KV event stream lost batches that could not be replayed (its reusable "
+        "prefix may be wrong until the engine restarts or clears its cache), or its engine does not answer "
+        "(nothing of it is matched until it answers; a new process starts empty)"
     )
-    snapshot: Literal["inline", "pushed"]
+    directory_mode: Literal["exact", "approximate"] = Field(
+        description="exact: the worker's KV events feed the directory; approximate: prefixes routed to it "
+        "count as cached there for routed_ttl_s (no --kv-events for it)"
+    )
+    snapshot: Literal["inline", "pushed", "gateway"] = Field(
+        description="inline: in the request; pushed: POST /v1/workers/W/snapshot or a scrape; gateway: what "
+        "the gateway sent the worker, corrected by its last scrape"
+    )
     snapshot_age_s: float = Field(description="0 for an inline snapshot")
 
 
@@ -273,7 +281,7 @@ class ModelStatusOut(BaseModel):
 
 
 class ModelsResponse(BaseModel):
-    """``GET /v1/models``: the serving model and the registry's versions (champion, challenger, others)."""
+    """``GET /v1/cost-models``: the serving model and the registry's versions (champion, challenger, others)."""
 
     serving: ModelStatusOut
     feature_spec_hash: str = Field(description="feature spec of this kvcost")

@@ -47,16 +47,17 @@ also hold.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from kvcost.core.hardware import StepTimeModel
-from kvcost.core.types import Namespace
+from kvcost.core.types import Namespace, RouteDecision, RouteRequest, WorkerSnapshot
 from kvcost.data.log_rows import CandidateBatch, RequestRow, read_chosen_candidates, request_batch
 from kvcost.data.log_writer import LogUnavailableError, LogWriter
 from kvcost.data.store import TERMS_AND_TTFT, LogStore
@@ -108,7 +109,7 @@ class ScoringService:
         clock: wall clock, epoch seconds.
         model_loader: loads the champion; default: from ``settings.mlflow_uri``
             (None when it is None: analytic by configuration).
-        registry_lister: lists registry versions for ``GET /v1/models``; default as ``model_loader``.
+        registry_lister: lists registry versions for ``GET /v1/cost-models``; default as ``model_loader``.
         step_models: step-time model per GPU type; default :func:`default_step_models`.
         roll: called on the writer thread every ``segment_roll_interval_s``; default:
             roll the log into Parquet segments next to the database (:mod:`kvcost.data.segments`).
@@ -314,13 +315,37 @@ class ScoringService:
         self._require_started()
         start = time.perf_counter()
         response, decision = self.routing.route(body, self.run_id, self.model_status.label)
+        self._log_decision(decision, start)
+        return response
+
+    def route_resolved(
+        self,
+        request: RouteRequest,
+        snapshots: list[WorkerSnapshot],
+        sources: Mapping[int, str],
+        ages: Mapping[int, float],
+    ) -> tuple[RouteResponse, RouteDecision]:
+        """Route a request the gateway resolved itself (token ids hashed, snapshots built); recorded as :meth:`route`.
+
+        Raises:
+            FieldError: no candidate serves the request's namespace.
+            LogUnavailableError: not started.
+        """
+        self._require_started()
+        start = time.perf_counter()
+        response, decision = self.routing.decide(
+            request, snapshots, sources, ages, self.run_id, self.model_status.label, self.clock()
+        )
+        self._log_decision(decision, start)
+        return response, decision
+
+    def _log_decision(self, decision: RouteDecision, start: float) -> None:
         try:
             self._writer.submit(CandidateBatch.of_decision(decision).batch(self.run_id))
         except LogUnavailableError as exc:  # the decision stands; only its features miss the log
             _log.warning("decision %d not logged: %s", decision.request_id, exc)
         self.metrics.count_decision(self.settings.policy, decision.reason)
         self.metrics.route_latency.labels("route").observe(time.perf_counter() - start)
-        return response
 
     # --------------------------------------------------------------- observation
 
@@ -368,11 +393,35 @@ class ScoringService:
             request_id=body.request_id, status="recorded", run_id=decision.run_id, worker_id=decision.worker_id
         )
 
-    def _count_errors(self, body: ObservationIn, d: DecisionRecord) -> None:
+    def _count_errors(self, body: ObservationIn | MeasuredOutcome, d: DecisionRecord) -> None:
         for term, predicted in zip(TERMS_AND_TTFT, d.predicted_s, strict=True):
-            actual = getattr(body, f"{term}_s")
+            actual = getattr(body, f"{term}_s", None)
             if actual is not None:
                 self.metrics.prediction_abs_error.labels(term).observe(abs(actual - predicted))
+
+    def record_measured(self, measured: MeasuredOutcome) -> concurrent.futures.Future | None:
+        """Record what the gateway measured of a request it routed (its ``requests`` row), without waiting.
+
+        The row is queued for the next group commit; the returned future resolves when it is
+        committed (None: the decision is unknown or already observed, nothing is written). A
+        known TTFT reaches the router (:meth:`Routing.on_outcome`) at once.
+
+        Raises:
+            LogUnavailableError: not started, or the writer's queue is full.
+        """
+        self._require_started()
+        decision = self.routing.decisions.get(measured.request_id)
+        if decision is None or decision.observed or decision.pending is not None:
+            self.metrics.observations.labels("unknown" if decision is None else "duplicate").inc()
+            return None
+        decision.observed = True  # the gateway is the only observer of its requests
+        row = _measured_row(measured, decision)
+        future = self._writer.submit(request_batch(decision.run_id, [row]), urgent=True)
+        self.metrics.observations.labels("recorded").inc()
+        self._count_errors(measured, decision)
+        if measured.ttft_s is not None:
+            self.routing.on_outcome(measured.request_id, measured.ttft_s, self.routing.clock())
+        return future
 
     # ----------------------------------------------------------------- snapshots
 
@@ -407,6 +456,7 @@ class ScoringService:
             directory_blocks=blocks,
             directory_staleness_s={m.worker_id: m.age_s for m in matches},
             directory_stale=stale,
+            directory_mode={w: self.routing.directory_mode(w) for w in workers},
             snapshot_age_s={w: max(0.0, now_s - received_s) for w, (_, received_s) in sorted(pushed.items())},
             decisions_in_memory=len(self.routing.decisions),
             kv_event_stats=kv_stats,
@@ -416,6 +466,56 @@ class ScoringService:
     def decisions_in_memory(self) -> int:
         """Decisions held for ``/v1/observe``."""
         return len(self.routing.decisions) if self.routing is not None else 0
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredOutcome:
+    """What the gateway measured of one request it routed and forwarded.
+
+    Attributes:
+        request_id: the gateway's id of the routing decision.
+        ttft_s: arrival at the gateway to the first streamed chunk, seconds; None when no token
+            arrived, or the request was not streamed (then only ``e2e_s`` is known).
+        queue_s: the engine's own queue time of the request, seconds; None when it reports none.
+        e2e_s: arrival to the last byte, seconds; None when the request did not complete.
+        tpot_s: mean time per output token after the first, seconds; None when unknown.
+        output_tokens: generated tokens (the engine's usage); None when not reported.
+        actual_reuse_tokens: the engine's ``usage.prompt_tokens_details.cached_tokens``; None when not reported.
+        client_request_id: the client's id (``X-Request-Id`` or ``request_id``).
+        outcome: ``ok``, or what ended the request, naming the engine.
+    """
+
+    request_id: int
+    ttft_s: float | None
+    queue_s: float | None
+    e2e_s: float | None
+    tpot_s: float | None
+    output_tokens: int | None
+    actual_reuse_tokens: int | None
+    client_request_id: str | None
+    outcome: str
+
+
+def _measured_row(m: MeasuredOutcome, d: DecisionRecord) -> RequestRow:
+    """The ``requests`` row of a gateway measurement: only TTFT and the queue are known of the terms."""
+    actual_s = (m.queue_s, None, None, None, None, m.ttft_s)
+    reuse = m.actual_reuse_tokens
+    return RequestRow(
+        request_id=m.request_id,
+        arrival_s=d.arrival_s,
+        worker_id=d.worker_id,
+        input_tokens=d.input_tokens,
+        output_tokens=m.output_tokens,
+        predicted_reuse_tokens=d.predicted_reuse_tokens,
+        actual_reuse_tokens=reuse,
+        predicted_s=d.predicted_s,
+        actual_s=actual_s,
+        tpot_s=m.tpot_s,
+        e2e_s=m.e2e_s,
+        directory_mismatch_tokens=None if reuse is None else max(0, d.predicted_reuse_tokens - reuse),
+        client_request_id=m.client_request_id,
+        outcome=m.outcome,
+    )
 
 
 def _request_row(body: ObservationIn, d: DecisionRecord) -> RequestRow:

@@ -125,6 +125,32 @@ class ServiceSettings(BaseSettings):
     )
     scrape_interval_s: float = Field(1.0, gt=0, le=3600, description="seconds between two scrapes of every engine")
     scrape_timeout_s: float = Field(1.0, gt=0, le=60, description="limit of one scrape's HTTP request")
+    engines: list[str] = Field(
+        default_factory=list,
+        description="gateway mode: an OpenAI-compatible engine WORKER=http://HOST:PORT (vLLM), one per worker "
+        "(repeat the option); kvcost then serves /v1/completions and /v1/chat/completions, routes each request "
+        "and forwards it, and scrapes each engine's /metrics unless --scrape names that worker",
+    )
+    tokenizer: Path | None = Field(
+        None,
+        description="gateway: folder of the served model's tokenizer (Hugging Face format); prompts are tokenized "
+        "here, chat through its chat template; default: each request is tokenized by an engine's /tokenize",
+    )
+    engine_connect_timeout_s: float = Field(5.0, gt=0, le=600, description="gateway: limit of connecting to an engine")
+    engine_read_timeout_s: float = Field(
+        600.0, gt=0, le=86_400, description="gateway: longest wait for an engine's next bytes (first token included)"
+    )
+    engine_backoff_s: float = Field(
+        1.0, gt=0, le=600, description="gateway: an engine that failed is skipped this long, doubling per failure"
+    )
+    engine_backoff_max_s: float = Field(30.0, gt=0, le=3600, description="gateway: longest backoff of an engine")
+    routed_ttl_s: float = Field(
+        120.0,
+        gt=0,
+        le=86_400,
+        description="approximate directory mode (workers without --kv-events): a prefix routed to a worker "
+        "counts as cached there for this long",
+    )
 
     def event_namespace(self) -> Namespace:
         """Namespace of the blocks the KV event streams report: a request reuses them only if its
@@ -158,6 +184,14 @@ class ServiceSettings(BaseSettings):
         scraped = [parse_scrape_target(spec).worker_id for spec in self.scrape]
         if len(set(scraped)) != len(scraped):
             raise ValueError(f"scrape names worker ids {scraped}; each worker may be scraped once")
+        engines = [parse_engine(spec)[0] for spec in self.engines]
+        if len(set(engines)) != len(engines):
+            raise ValueError(f"engines names worker ids {engines}; each worker may have one engine")
+        if self.tokenizer is not None and not self.tokenizer.is_dir():
+            raise ValueError(
+                f"tokenizer = {str(self.tokenizer)!r} is not a folder, expected a Hugging Face tokenizer folder "
+                "(tokenizer.json, tokenizer_config.json)"
+            )
         if not is_loopback(self.host) and self.token_file is None and not self.insecure:
             raise ValueError(
                 f"host = {self.host!r} is not a loopback address and no token file is given: the write "
@@ -197,6 +231,21 @@ def parse_kv_event_source(spec: str) -> KVEventSource:
     if len(parts) == 2 and parts[0] == parts[1]:
         raise ValueError(f"kv_events entry {spec!r} gives one endpoint for both sockets, {expected}")
     return KVEventSource(int(worker), parts[0], replay_endpoint=parts[1] if len(parts) == 2 else None)
+
+
+def parse_engine(spec: str) -> tuple[int, str]:
+    """Parse ``WORKER=http://HOST:PORT`` (an OpenAI-compatible engine's base URL) into ``(worker_id, url)``.
+
+    The URL is returned without a trailing ``/`` (``/v1/completions`` is appended to it).
+
+    Raises:
+        ValueError: naming the entry and the expected form.
+    """
+    worker, sep, url = spec.partition("=")
+    host = url.split("://", 1)[-1].split("/", 1)[0]
+    if not sep or not worker.strip().isdigit() or not url.startswith(("http://", "https://")) or not host:
+        raise ValueError(f"engines entry {spec!r}, expected WORKER=http://HOST:PORT such as '0=http://10.0.0.5:8000'")
+    return int(worker), url.rstrip("/")
 
 
 def _is_zmq_endpoint(endpoint: str) -> bool:

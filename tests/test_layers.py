@@ -46,9 +46,14 @@ def kvcost_imports(path: Path) -> list[tuple[int, str]]:
 
 
 def source_files() -> list[Path]:
-    """Every kvcost source file outside tests, the virtual environment and build outputs."""
-    skip = {"tests", ".venv", "build", "runs", "docs"}
-    return sorted(p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts))
+    """Every kvcost source file outside tests, the virtual environments (``.venv``, the engine's ``.venv-engine``)
+    and build outputs."""
+    skip = {"tests", "build", "runs", "docs"}
+    return sorted(
+        p
+        for p in ROOT.rglob("*.py")
+        if not skip & set(p.relative_to(ROOT).parts) and not p.relative_to(ROOT).parts[0].startswith(".venv")
+    )
 
 
 def test_every_package_has_a_layer():

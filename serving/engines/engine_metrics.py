@@ -108,6 +108,9 @@ class EngineMetrics:
         prefix_cache_hits_tokens: of those, tokens found (vLLM), cumulative.
         prefix_cache_hit_ratio: the engine's own hit ratio gauge (SGLang); None when not exposed.
         decode_context_tokens: sum of the decoding requests' lengths (SGLang); None when not exposed.
+        process_start_time_s: the engine process's start, epoch seconds (``process_start_time_seconds``
+            of prometheus-client's process collector, which vLLM and SGLang expose on Linux); None
+            when not exposed. A new value means a new process (an empty prefix cache).
     """
 
     engine: str
@@ -124,6 +127,7 @@ class EngineMetrics:
     prefix_cache_hits_tokens: float = 0.0
     prefix_cache_hit_ratio: float | None = None
     decode_context_tokens: float | None = None
+    process_start_time_s: float | None = None
 
 
 def _samples(text: str) -> dict[str, list[tuple[Mapping[str, str], float]]]:
@@ -182,6 +186,7 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
         capacity += _int_label(labels, "num_gpu_blocks")
         block_size = block_size or _int_label(labels, "block_size")
     decode = values("decode_context")
+    started = _finite(v for _, v in samples.get("process_start_time_seconds", ()))
     return EngineMetrics(
         engine=engine,
         running_requests=total("running"),
@@ -197,6 +202,7 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
         prefix_cache_hits_tokens=total("cache_hits"),
         prefix_cache_hit_ratio=mean("hit_ratio"),
         decode_context_tokens=float(sum(decode)) if decode else None,
+        process_start_time_s=max(started) if started else None,
     )
 
 
@@ -314,6 +320,10 @@ class EngineMetricsScraper:
         interval_s: time between the starts of two scrapes of all targets, seconds (> 0).
         timeout_s: limit of one HTTP request (connect, read, whole), seconds (> 0).
         transport: httpx transport (tests); None = the network.
+        on_scrape: called on the event loop after each scrape of a worker with ``(worker_id,
+            metrics)``: what was read, or None when the engine did not answer (timeout,
+            unreachable, HTTP error); a text that does not parse is not reported (the engine
+            answered). :class:`~kvcost.serving.engines.liveness.EngineLiveness` uses it.
 
     A scrape's text is parsed in a worker thread (a vLLM ``/metrics`` of a few hundred
     kilobytes takes milliseconds to parse, which the event loop must not wait for);
@@ -330,6 +340,7 @@ class EngineMetricsScraper:
         interval_s: float = 1.0,
         timeout_s: float = 1.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        on_scrape: Callable[[int, EngineMetrics | None], object] | None = None,
     ) -> None:
         if not targets:
             raise ValueError("targets is empty, expected at least one ScrapeTarget")
@@ -344,6 +355,7 @@ class EngineMetricsScraper:
         self._push = push
         self._metrics = metrics
         self._transport = transport
+        self._on_scrape = on_scrape
         self._state = {t.worker_id: _WorkerState() for t in targets}
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task | None = None
@@ -409,15 +421,19 @@ class EngineMetricsScraper:
             response.raise_for_status()
             current = await asyncio.to_thread(parse_engine_metrics, response.text)
         except httpx.TimeoutException as err:
+            self._report(target, None)
             return self._failed(
                 target, state, "timeout", f"no answer within {self.timeout_s:g} s ({type(err).__name__})"
             )
         except httpx.HTTPStatusError as err:
+            self._report(target, None)
             return self._failed(target, state, "http_error", f"HTTP {err.response.status_code}")
         except httpx.HTTPError as err:
+            self._report(target, None)
             return self._failed(target, state, "unreachable", f"{type(err).__name__}: {err}")
         except EngineMetricsError as err:
             return self._failed(target, state, "parse_error", str(err))
+        self._report(target, current)
         try:
             self._push(target.worker_id, snapshot_from_metrics(current, state.last))
         except Exception as err:  # a snapshot the service refuses (e.g. max_workers) must not stop scraping
@@ -429,6 +445,14 @@ class EngineMetricsScraper:
         state.failures_in_row = 0
         self._count(target, state, "ok")
         return "ok"
+
+    def _report(self, target: ScrapeTarget, current: EngineMetrics | None) -> None:
+        if self._on_scrape is None:
+            return
+        try:
+            self._on_scrape(target.worker_id, current)
+        except Exception:  # the hook must not stop scraping
+            logger.exception("worker %d: on_scrape hook failed", target.worker_id)
 
     def _failed(self, target: ScrapeTarget, state: _WorkerState, result: str, reason: str) -> str:
         state.failures_in_row += 1

@@ -32,6 +32,8 @@ def _requests(ids, arrivals, queue_s):
     frame["directory_mismatch_tokens"] = 0
     frame["mismatch_lost_s"] = 0.0
     frame["served_by"] = "recompute"
+    frame["client_request_id"] = None
+    frame["outcome"] = None
     return frame
 
 

@@ -153,3 +153,21 @@ def test_empty_request_and_empty_directory():
 )
 def test_reusable_tokens_capped_at_input_minus_one(blocks, input_tokens, expected):
     assert reusable_tokens_for(blocks, 512, input_tokens) == expected
+
+
+def test_an_unknown_worker_matches_nothing_until_known_again_or_cleared():
+    d = CacheDirectory()
+    d.apply_stored(NS, 0, [1, 2, 3], None, "gpu", now_s=1.0)
+    d.apply_stored(NS, 1, [1, 2], None, "cpu", now_s=1.0)
+    d.mark_unknown(0)
+    (m0, m1) = d.match(NS, [1, 2, 3], [0, 1], now_s=2.0)
+    assert (m0.reusable_blocks, m0.tier, m0.stale) == (0, "none", True)
+    assert (m1.reusable_blocks, m1.stale) == (2, False)
+    assert d.match_tiers(NS, [1, 2, 3], [0, 1]) == {0: (0, 0, 0), 1: (0, 2, 2)}
+    d.mark_known(0)  # the same process answers again: its entries count again
+    assert (d.match(NS, [1, 2, 3], [0], now_s=2.0)[0].reusable_blocks, d.is_unknown(0)) == (3, False)
+    d.mark_unknown(0)
+    d.clear_worker(0, now_s=3.0)  # a new process: its entries are dropped, the view is exact (empty)
+    d.apply_stored(NS, 0, [1], None, "gpu", now_s=4.0)
+    m0 = d.match(NS, [1, 2, 3], [0], now_s=4.0)[0]
+    assert (m0.reusable_blocks, m0.stale, d.is_unknown(0)) == (1, False, False)

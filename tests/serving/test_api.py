@@ -309,7 +309,7 @@ def test_oversized_body_is_413_by_content_length_and_when_streamed(tmp_path):
         ("post", "/v1/route", make_body()),
         ("post", "/v1/observe", {"request_id": 1, "ttft_s": 0.1}),
         ("post", "/v1/workers/1/snapshot", {}),
-        ("post", "/v1/models/reload", None),
+        ("post", "/v1/cost-models/reload", None),
     ],
 )
 def test_write_endpoints_need_the_bearer_token(client, method, path, body):
@@ -322,7 +322,7 @@ def test_write_endpoints_need_the_bearer_token(client, method, path, body):
 
 def test_read_endpoints_need_no_token(client):
     assert client.post("/v1/score", json=make_body()).status_code == 200
-    for path in ("/healthz", "/readyz", "/metrics", "/v1/models", "/openapi.json"):
+    for path in ("/healthz", "/readyz", "/metrics", "/v1/cost-models", "/openapi.json"):
         assert client.get(path).status_code == 200, path
 
 
@@ -348,10 +348,10 @@ def test_health_ready_and_models_without_registry(client):
         "reason": "no model registry configured: the analytic model by choice",
         "model": "analytic",
     }
-    models = client.get("/v1/models").json()
+    models = client.get("/v1/cost-models").json()
     assert models["serving"]["kind"] == "analytic" and models["versions"] == []
     assert models["registry_uri"] is None and models["feature_spec_hash"] == models["serving"]["feature_spec_hash"]
-    assert client.post("/v1/models/reload", headers=AUTH).json()["status"] == "ready"
+    assert client.post("/v1/cost-models/reload", headers=AUTH).json()["status"] == "ready"
 
 
 def learned_set() -> TermModelSet:
@@ -412,7 +412,7 @@ def test_unreachable_registry_degrades_to_analytic_and_reload_retries(tmp_path):
         assert (scored["model"], scored["learned"]) == ("analytic", False)
 
         registry.up = True
-        reloaded = client.post("/v1/models/reload", headers=AUTH).json()
+        reloaded = client.post("/v1/cost-models/reload", headers=AUTH).json()
         assert (reloaded["status"], reloaded["kind"], reloaded["version"]) == ("ready", "learned", "7")
         assert client.get("/readyz").json() == {
             "status": "ready",
@@ -427,10 +427,10 @@ def test_unreachable_registry_degrades_to_analytic_and_reload_retries(tmp_path):
         assert chosen["score_s"] == min(c["score_s"] for c in routed["candidates"])  # ranked by calibrated P50
 
         registry.up = False  # a failed reload keeps the champion already loaded
-        kept = client.post("/v1/models/reload", headers=AUTH).json()
+        kept = client.post("/v1/cost-models/reload", headers=AUTH).json()
         assert (kept["status"], kept["kind"], kept["version"]) == ("degraded", "learned", "7")
         assert kept["reason"].startswith("reload failed (ConnectionError") and kept["reason"].endswith("champion v7")
-        assert client.get("/v1/models").json()["versions"] == [{"version": "7"}]
+        assert client.get("/v1/cost-models").json()["versions"] == [{"version": "7"}]
         metrics = client.get("/metrics").text
         assert 'kvcost_model_fallbacks_total{reason="load_failed"} 1.0' in metrics  # no second fallback
         assert "kvcost_model_learned 1.0" in metrics

@@ -114,7 +114,7 @@ def test_real_empty_mlflow_registry_degrades_to_analytic(tmp_path):
         degraded = wait_ready(client, "degraded", attempts=3000)
         assert degraded["reason"].startswith("champion not loaded (LookupError: no kvcost-terms version with alias")
         assert degraded["model"] == "analytic"
-        models = client.get("/v1/models").json()
+        models = client.get("/v1/cost-models").json()
         assert (models["registry_uri"], models["registry_error"], models["versions"]) == (uri, None, [])
         assert client.post("/v1/score", json=make_body()).json()["model"] == "analytic"
 

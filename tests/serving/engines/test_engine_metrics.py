@@ -27,7 +27,9 @@ from kvcost.serving.settings import ServiceSettings
 MODEL = 'model_name="meta-llama/Llama-3.1-8B-Instruct"'
 
 
-def vllm_text(prompt_sum=20000.0, prompt_count=10.0, itl_sum=25.0, itl_count=1000.0, queries=1000.0, hits=250.0):
+def vllm_text(
+    prompt_sum=20000.0, prompt_count=10.0, itl_sum=25.0, itl_count=1000.0, queries=1000.0, hits=250.0, started_s=1.7e9
+):
     """A vLLM /metrics page (V1 names) of two data-parallel engines, with the histograms cut to a few buckets."""
     e0, e1 = f'engine="0",{MODEL}', f'engine="1",{MODEL}'
     config = 'cache_dtype="auto",enable_prefix_caching="True",prefix_caching_hash_algo="sha256"'
@@ -66,6 +68,9 @@ vllm:inter_token_latency_seconds_bucket{{{e0},le="0.01"}} 0.0
 vllm:inter_token_latency_seconds_bucket{{{e0},le="+Inf"}} {itl_count}
 vllm:inter_token_latency_seconds_count{{{e0}}} {itl_count}
 vllm:inter_token_latency_seconds_sum{{{e0}}} {itl_sum}
+# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds {started_s}
 """
 
 
@@ -106,6 +111,7 @@ VLLM = EngineMetrics(
     step_count=1000.0,
     prefix_cache_queries_tokens=1000.0,
     prefix_cache_hits_tokens=250.0,
+    process_start_time_s=1.7e9,
 )
 
 
@@ -254,9 +260,13 @@ def test_scrapes_become_snapshots_and_failures_age_them(tmp_path, servers):
             ScrapeTarget(2, failing.url),
             ScrapeTarget(3, closed_port_url()),
         ]
-        scraper = EngineMetricsScraper(targets, service.push_snapshot, service.metrics, timeout_s=2.0)
+        seen = []
+        scraper = EngineMetricsScraper(
+            targets, service.push_snapshot, service.metrics, timeout_s=2.0, on_scrape=lambda *a: seen.append(a)
+        )
         results = asyncio.run(scraper.scrape_once())
         assert results == {0: "ok", 1: "parse_error", 2: "http_error", 3: "unreachable"}
+        assert sorted(seen, key=lambda a: a[0]) == [(0, VLLM), (2, None), (3, None)]  # a parse error is an answer
         snapshot, received_s = service.routing.snapshots[0]
         assert received_s == 100.0 and sorted(service.routing.snapshots) == [0]
         assert (snapshot.running_requests, snapshot.kv_capacity_blocks, snapshot.gpu) == (5, 2000, "a100")

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway: kvcost in the request path in front of real engines (``kvcost serve --engine``)."""

@@ -1,0 +1,45 @@
+"""Tests for kvcost.serving.gateway.load: what the gateway sent, corrected by scrapes."""
+
+import pytest
+
+from kvcost.core.types import WorkerSnapshot
+from kvcost.serving.gateway.load import SentLoad
+
+
+def scraped(waiting=(), running=0, context=0, kv_usage=0.5) -> WorkerSnapshot:
+    return WorkerSnapshot(0, "a100", tuple(waiting), running, context, kv_usage, 0, 0.02, 0.0, 80, 3)
+
+
+def test_a_request_queues_prefill_net_of_reuse_then_decodes_then_leaves():
+    load = SentLoad()
+    load.routed(1, worker_id=0, input_tokens=100, reusable_tokens=64)
+    load.routed(2, worker_id=0, input_tokens=50, reusable_tokens=0)
+    load.routed(3, worker_id=1, input_tokens=10, reusable_tokens=0)
+    assert load.counts(0) == (2, 0, 36 + 50)
+    snap = load.snapshot(0, "a100", None, block_size_tokens=32)
+    assert (snap.waiting_prefill, snap.running_requests, snap.waiting_prompt_blocks) == (((36, 64), (50, 0)), 0, 6)
+    load.first_token(1)
+    load.generated(1, 5)
+    assert load.counts(0) == (1, 1, 50)
+    assert load.snapshot(0, "a100", None, 32).decode_context_tokens == 100 + 5
+    load.finished(1)
+    load.finished(1)  # idempotent
+    load.first_token(99)  # unknown ids are ignored
+    assert load.counts(0) == (1, 0, 50) and len(load) == 2
+
+
+def test_the_scrape_adds_what_the_gateway_did_not_send_and_keeps_the_larger_counts():
+    load = SentLoad()
+    load.routed(1, worker_id=0, input_tokens=100, reusable_tokens=64)
+    # the engine also queues two requests sent by another path, and decodes more than the gateway knows
+    snap = load.snapshot(0, "h100", scraped(waiting=[(80, 0)] * 3, running=5, context=900), 32)
+    assert snap.waiting_prefill == ((36, 64), (80, 0), (80, 0))
+    assert (snap.running_requests, snap.decode_context_tokens, snap.kv_usage, snap.kv_capacity_blocks) == (
+        4, 900, 0.5, 80,
+    )  # fmt: skip
+    assert snap.gpu == "a100"  # the scrape's own GPU type is kept
+
+
+def test_reuse_beyond_the_input_is_refused():
+    with pytest.raises(ValueError, match="reusable_tokens = 11"):
+        SentLoad().routed(1, 0, input_tokens=10, reusable_tokens=11)
