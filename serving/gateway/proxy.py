@@ -13,9 +13,12 @@ Per request (``POST /v1/completions`` or ``/v1/chat/completions``):
    request id as ``X-Request-Id``;
 4. **measure**: TTFT at the first chunk carrying output (streamed requests; a
    non-streamed response gives only the end-to-end time, and its TTFT is logged as
-   unknown), the engine's ``cached_tokens`` as the actual reuse, generated tokens,
-   TPOT; what the engine does not report (queue time in vLLM 0.32, the other terms)
-   is logged as unknown, never as 0;
+   unknown), the engine's ``cached_tokens`` as the actual reuse, its queue time
+   (vLLM's per-request ``metrics.queue_time_ms``, sent by engines started with
+   ``--enable-per-request-metrics``, in the last chunk or the whole response),
+   generated tokens, TPOT; what the engine does not report (the queue without that
+   flag; lookup, transfer, prefill and first-token work always) is logged as
+   unknown, never as 0;
 5. **log** the request's ``requests`` row with its outcome (:meth:`ScoringService.record_measured`).
 
 Failures: an engine that refuses the connection, times out, answers 5xx or ends the
@@ -56,6 +59,7 @@ from kvcost.serving.gateway.sse import (
     OpenAIError,
     cached_tokens,
     completion_tokens,
+    queue_time_s,
     without_usage,
 )
 from kvcost.serving.gateway.tokenize import PromptTokenizer, TokenizeError
@@ -89,6 +93,7 @@ class _Attempt:
     client_id: str
     ttft_s: float | None = None
     usage: dict[str, Any] | None = None
+    queue_s: float | None = None
     chunks: int = 0
     outcome: str = "ok"
     logged: bool = field(default=False)
@@ -225,9 +230,12 @@ class Gateway:
         if response.status_code < 400:
             self.engines.succeeded(attempt.worker_id)
             try:
-                attempt.usage = json.loads(content).get("usage")
-            except (ValueError, AttributeError):
-                attempt.usage = None
+                answer = json.loads(content)
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict):
+                attempt.usage = answer.get("usage")
+                attempt.queue_s = queue_time_s(answer)
             attempt.outcome = "ok"
             kind = "ok"
         else:
@@ -317,6 +325,8 @@ class Gateway:
                 self.load.generated(attempt.decision_id, attempt.chunks)
         if chunk is not None and chunk.get("usage"):
             attempt.usage = chunk["usage"]
+        if chunk is not None and chunk.get("metrics"):
+            attempt.queue_s = queue_time_s(chunk)
         return event.done
 
     # ---------------------------------------------------------------- logging
@@ -350,7 +360,7 @@ class Gateway:
         measured = MeasuredOutcome(
             request_id=attempt.decision_id,
             ttft_s=attempt.ttft_s,
-            queue_s=None,  # vLLM 0.32 reports no per-request queue time in its responses
+            queue_s=attempt.queue_s,
             e2e_s=elapsed_s if e2e else None,
             tpot_s=tpot_s,
             output_tokens=output,

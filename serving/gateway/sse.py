@@ -131,3 +131,14 @@ def completion_tokens(usage: Any) -> int | None:
     """``usage.completion_tokens``, or None."""
     value = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return value if type(value) is int and value >= 0 else None
+
+
+def queue_time_s(answer: dict[str, Any]) -> float | None:
+    """The engine's queue time of the request, seconds: vLLM's per-request ``metrics.queue_time_ms``
+    (``--enable-per-request-metrics``; ``vllm/entrypoints/generate/base/protocol.py`` ``PerRequestMetrics``,
+    arrival to first scheduled), or None."""
+    metrics = answer.get("metrics")
+    value = metrics.get("queue_time_ms") if isinstance(metrics, dict) else None
+    if type(value) not in (int, float) or not 0 <= value < 1e9:
+        return None
+    return value / 1000.0

@@ -13,6 +13,7 @@ from kvcost.routing.block_hash import (
     BlockHasher,
     PrefixHashCache,
     block_digests,
+    block_extra_keys,
     block_hashes,
     block_hashes_for,
     external_hash,
@@ -71,22 +72,46 @@ def test_external_hash_is_low_64_bits_big_endian():
     assert external_hash(b"\xff" * 32) == 2**64 - 1
 
 
-def test_salt_goes_on_the_first_block_only():
-    d0 = digest_of(NONE_HASH_0, BLOCK_0_CBOR, b"\x81" + text("s1"))
+def test_salt_goes_on_the_first_block_only_tagged_as_vllm_0_32_hashes_it():
+    tagged = b"\x81" + b"\x82" + text("cache_salt") + text("s1")  # (("cache_salt", "s1"),)
+    d0 = digest_of(NONE_HASH_0, BLOCK_0_CBOR, tagged)
     d1 = digest_of(d0, BLOCK_1_CBOR, NULL)
     assert block_digests(TOKENS, 4, salt="s1", algorithm=CBOR) == [d0, d1]
+    bare = digest_of(NONE_HASH_0, BLOCK_0_CBOR, b"\x81" + text("s1"))  # ("s1",): releases before the tags
+    assert block_digests(TOKENS, 4, salt="s1", algorithm=CBOR, key_format="bare") == [
+        bare,
+        digest_of(bare, BLOCK_1_CBOR, NULL),
+    ]
     plain = block_hashes(TOKENS, 4)
     salted = block_hashes(TOKENS, 4, salt="s1")
     assert salted[0] != plain[0] and salted[1] != plain[1]  # the chain carries the salt on
     assert block_hashes(TOKENS, 4, salt="") == plain  # an empty salt is no salt, as in vLLM
 
 
-def test_lora_name_goes_on_every_block_before_the_salt():
-    d0 = digest_of(NONE_HASH_0, BLOCK_0_CBOR, b"\x82" + text("sql-lora") + text("s1"))
-    d1 = digest_of(d0, BLOCK_1_CBOR, b"\x81" + text("sql-lora"))
-    assert block_digests(TOKENS, 4, extra_keys=("sql-lora",), salt="s1", algorithm=CBOR) == [d0, d1]
-    assert block_hashes(TOKENS, 4, extra_keys=("sql-lora",)) != block_hashes(TOKENS, 4)
-    assert block_hashes(TOKENS, 4, extra_keys=("a",)) != block_hashes(TOKENS, 4, extra_keys=("b",))
+def test_lora_key_goes_on_every_block_before_the_salt():
+    lora = b"\x83" + text("lora") + text("sql-lora") + bytes([0x60 + 12]) + b"/adapters/sq"
+    d0 = digest_of(NONE_HASH_0, BLOCK_0_CBOR, b"\x82" + lora + b"\x82" + text("cache_salt") + text("s1"))
+    d1 = digest_of(d0, BLOCK_1_CBOR, b"\x81" + lora)
+    key = ("sql-lora", "/adapters/sq")
+    assert block_digests(TOKENS, 4, lora=key, salt="s1", algorithm=CBOR) == [d0, d1]
+    b0 = digest_of(NONE_HASH_0, BLOCK_0_CBOR, b"\x82" + text("sql-lora") + text("s1"))
+    b1 = digest_of(b0, BLOCK_1_CBOR, b"\x81" + text("sql-lora"))
+    assert block_digests(TOKENS, 4, lora=key, salt="s1", algorithm=CBOR, key_format="bare") == [b0, b1]
+    assert block_hashes(TOKENS, 4, lora=key) != block_hashes(TOKENS, 4)
+    assert block_hashes(TOKENS, 4, lora=("a", "")) != block_hashes(TOKENS, 4, lora=("b", ""))
+    assert block_hashes(TOKENS, 4, lora=("a", "/x")) != block_hashes(TOKENS, 4, lora=("a", "/y"))  # the path counts
+
+
+def test_multimodal_keys_name_each_item_overlapping_the_block_with_its_offset_in_it():
+    items = [("img0", 2, 4), ("img1", 7, 1)]  # tokens 2-5 and 7: block 0 holds img0 from 2, block 1 img0 from -2, img1
+    assert block_extra_keys(0, 4, mm_items=items) == (("mm", "img0", 2),)
+    assert block_extra_keys(4, 8, lora=("l", "/p"), salt="s", mm_items=items) == (
+        ("lora", "l", "/p"), ("mm", "img0", -2), ("mm", "img1", 3),
+    )  # fmt: skip
+    assert block_extra_keys(8, 12, mm_items=items) is None
+    assert block_extra_keys(0, 4, salt="s", mm_items=items, key_format="bare") == (("img0", 2), "s")
+    with pytest.raises(ValueError, match="key_format = 'tags'"):
+        block_extra_keys(0, 4, key_format="tags")
 
 
 def test_seed_changes_every_hash():
@@ -151,11 +176,11 @@ def test_sha256_blocks_match_hand_computed_pickle_digests():
     d1 = hashlib.sha256(pickled_block(d0, BLOCK_1_PICKLE, b"N")).digest()
     assert block_digests(TOKENS, 4) == [d0, d1]
     assert block_hashes(TOKENS, 4) == [int.from_bytes(d0[-8:], "big"), int.from_bytes(d1[-8:], "big")]
-    # LoRA name on every block, salt on the first: ("sql-lora", "s1") then ("sql-lora",)
+    # bare keys (releases before the tags): LoRA name on every block, salt on the first
     lora, salt = b"\x8c\x08sql-lora\x94", b"\x8c\x02s1\x94"
     e0 = hashlib.sha256(pickled_block(n0, BLOCK_0_PICKLE, lora + salt + b"\x86\x94")).digest()
     e1 = hashlib.sha256(pickled_block(e0, BLOCK_1_PICKLE, lora + b"\x85\x94")).digest()
-    assert block_digests(TOKENS, 4, extra_keys=("sql-lora",), salt="s1") == [e0, e1]
+    assert block_digests(TOKENS, 4, lora=("sql-lora", "/p"), salt="s1", key_format="bare") == [e0, e1]
 
 
 @pytest.mark.parametrize(
@@ -189,10 +214,10 @@ def test_cache_gives_the_same_digests_and_hashes_a_shared_prefix_once(algorithm)
     cache = PrefixHashCache(max_blocks=8)
     cached = BlockHasher(4, algorithm=algorithm, cache=cache)
     plain = BlockHasher(4, algorithm=algorithm)
-    assert cached.digests(TOKENS, ("lora",), "s1") == plain.digests(TOKENS, ("lora",), "s1")
+    assert cached.digests(TOKENS, ("lora", "/p"), "s1") == plain.digests(TOKENS, ("lora", "/p"), "s1")
     assert (cache.hits, cache.misses, len(cache)) == (0, 2, 2)
     other = BLOCK_0 + [5, 6, 7, 8]  # shares block 0 with TOKENS
-    assert cached.digests(other, ("lora",), "s1") == plain.digests(other, ("lora",), "s1")
+    assert cached.digests(other, ("lora", "/p"), "s1") == plain.digests(other, ("lora", "/p"), "s1")
     assert (cache.hits, cache.misses) == (1, 3)
     assert cached.digests(TOKENS) == plain.digests(TOKENS)  # other extra keys: other entries
     assert (cache.hits, cache.misses) == (1, 5)
@@ -217,7 +242,7 @@ def test_block_hashes_are_vllms_with_the_namespace_extra_keys():
     assert block_hashes_for(tokens, 2, NS) == tuple(block_hashes(tokens, 2, hash_seed="0", algorithm="sha256"))
     lora_salted = Namespace("m", adapter="sql-lora", cache_salt="tenant-1")
     assert block_hashes_for(tokens, 2, lora_salted, "sha256_cbor", "7") == tuple(
-        block_hashes(tokens, 2, extra_keys=("sql-lora",), salt="tenant-1", hash_seed="7", algorithm="sha256_cbor")
+        block_hashes(tokens, 2, lora=("sql-lora", ""), salt="tenant-1", hash_seed="7", algorithm="sha256_cbor")
     )
 
 

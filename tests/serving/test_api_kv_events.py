@@ -146,13 +146,14 @@ ENGINE_HASH_FN = {
 }
 
 
-def engine_block_hashes(tokens, block_size, algorithm, seed, lora_name=None, salt=None):
-    """The ints a vLLM engine publishes in BlockStored for ``tokens`` (PYTHONHASHSEED=seed)."""
+def engine_block_hashes(tokens, block_size, algorithm, seed, lora=None, salt=None):
+    """The ints a vLLM 0.32 engine publishes in BlockStored for ``tokens`` (PYTHONHASHSEED=seed): extra keys
+    tagged, ``("lora", name, path)`` on every block and ``("cache_salt", salt)`` on the first."""
     fn = ENGINE_HASH_FN[algorithm]
     parent = fn(seed)  # NONE_HASH
     out = []
     for i in range(len(tokens) // block_size):
-        keys = ([lora_name] if lora_name else []) + ([salt] if i == 0 and salt else [])
+        keys = ([("lora", *lora)] if lora else []) + ([("cache_salt", salt)] if i == 0 and salt else [])
         parent = fn((parent, tuple(tokens[i * block_size : (i + 1) * block_size]), tuple(keys) if keys else None))
         out.append(int.from_bytes(parent, "big") & (2**64 - 1))
     return out
@@ -169,9 +170,10 @@ def test_token_ids_match_the_blocks_an_engine_published(tmp_path, context, algor
         hash_algorithm=algorithm,
         hash_seed="42",
         kv_events=[f"1={engine.endpoint}"],
+        lora_modules=["sql-lora=/adapters/sql"],
     )
     plain = engine_block_hashes(tokens, BLOCK, algorithm, "42")
-    tenant = engine_block_hashes(tokens, BLOCK, algorithm, "42", lora_name="sql-lora", salt="tenant-1")
+    tenant = engine_block_hashes(tokens, BLOCK, algorithm, "42", lora=("sql-lora", "/adapters/sql"), salt="tenant-1")
     with TestClient(create_app(settings)) as client:
         subscriber = client.app.state.kv_subscriber
         engine.wait_subscribed()

@@ -288,3 +288,34 @@ def test_replay_reply_reads_both_layouts_and_refuses_others():
     assert replay_reply([b"", b"kv", b"\x07", b"payload"]) is None  # sequence not 8 bytes
     assert replay_reply([b"x", seq7, b"payload"]) is None  # no empty delimiter
     assert replay_reply([b"", seq7]) is None
+
+
+def _captured():
+    """Frames captured from a real vLLM 0.32 engine (tests/e2e/capture_frames.py; its ``source`` says how)."""
+    import base64
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "data" / "vllm_0_32_frames.json").read_text())
+    decode = lambda message: [base64.b64decode(f) for f in message["frames"]]  # noqa: E731
+    return [decode(m) for m in data["live"]], [decode(m) for m in data["replay"]]
+
+
+def test_real_vllm_0_32_frames_apply_live_and_a_missed_batch_is_recovered_from_its_replay_replies():
+    live, replies = _captured()
+    ns = Namespace("tiny", block_size_tokens=32)
+    whole = KVEventIngestor(CacheDirectory(), lambda worker_id: ns)
+    for seq, frames in enumerate(live):
+        assert whole.ingest(0, frames, now_s=float(seq))
+    assert (whole.stats.rejected, whole.stats.unknown_events, whole.stats.batches) == (0, 0, 9)
+    # batch 2 is lost on the way; the engine's replay socket answers with its real 4-frame replies
+    parsed = [replay_reply(frames) for frames in replies]
+    assert [seq for seq, _ in parsed] == [*range(9), -1]
+    replayed = KVEventIngestor(CacheDirectory(), lambda worker_id: ns, replay=lambda w, start: parsed[start:-1])
+    for seq, frames in enumerate(live):
+        if seq != 2:
+            assert replayed.ingest(0, frames, now_s=float(seq))
+    stats = replayed.stats
+    assert (stats.gaps, stats.replayed_batches, stats.rejected, stats.batches) == (1, 1, 0, 9)
+    assert not replayed.directory.is_stale(0)
+    assert replayed.directory.num_blocks() == whole.directory.num_blocks()

@@ -2,7 +2,14 @@
 
 import json
 
-from kvcost.serving.gateway.sse import EventReader, OpenAIError, cached_tokens, completion_tokens, without_usage
+from kvcost.serving.gateway.sse import (
+    EventReader,
+    OpenAIError,
+    cached_tokens,
+    completion_tokens,
+    queue_time_s,
+    without_usage,
+)
 
 CHUNK = {"id": "c1", "choices": [{"index": 0, "text": "hi"}], "usage": None}
 USAGE = {"prompt_tokens": 70, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 64}}
@@ -38,6 +45,9 @@ def test_usage_fields_are_read_only_when_well_formed():
     assert cached_tokens({"prompt_tokens_details": None}) is None  # engine without --enable-prompt-tokens-details
     assert cached_tokens({"prompt_tokens_details": {"cached_tokens": -1}}) is None
     assert (cached_tokens(None), completion_tokens({"completion_tokens": "3"})) == (None, None)
+    assert queue_time_s({"metrics": {"queue_time_ms": 125.0, "time_to_first_token_ms": 15.6}}) == 0.125
+    assert queue_time_s({"metrics": None}) is None  # an engine without --enable-per-request-metrics
+    assert queue_time_s({"metrics": {"queue_time_ms": -1}}) is None
 
 
 def test_openai_error_shape_and_stream_event():
