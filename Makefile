@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV := $(BIN)/uv
 
-.PHONY: demo test bench lint lock clean engine
+.PHONY: demo test bench lint lock clean engine e2e
 
 # A bare venv holding only the pinned uv.
 define new_venv
@@ -65,6 +65,13 @@ $(ENGINE_STAMP): Makefile
 	touch $(ENGINE_STAMP)
 
 engine: $(ENGINE_STAMP)
+
+# kvcost's gateway in front of two real vLLM engines (tests/e2e): installs the engine (about 7 min on a
+# fresh machine), builds the tiny model, starts the engines and kvcost, sends traffic; prints each phase.
+e2e: $(STAMP)
+	@start=$$(date +%s); $(MAKE) --no-print-directory $(ENGINE_STAMP); \
+		echo "[e2e] engine install: $$(( $$(date +%s) - start )) s"
+	$(BIN)/pytest -q -m e2e -p no:cacheprovider -s tests/e2e
 
 # Re-pin after changing a dependency range in pyproject.toml: keeps every pin that still fits
 # (add UPGRADE='--upgrade-package NAME' to move one), then run the tests before committing it.

@@ -206,6 +206,10 @@ class RouteDecision:
         calibrated: calibrated TTFT per candidate when the cost model is learned, else None.
         plans: per candidate, where its reusable prefix comes from (``()`` when the
             router considers only GPU-resident prefixes).
+        directory_blocks: per candidate, the leading blocks the directory itself holds for
+            it (KV events, or routed prefixes in approximate mode), before the prefixes of
+            requests still in flight are counted (``matches`` counts those); ``()`` when
+            not recorded.
     """
 
     request_id: int
@@ -219,3 +223,4 @@ class RouteDecision:
     predictions: TermPredictions
     calibrated: CalibratedTTFT | None = None
     plans: tuple[ReusePlan, ...] = ()
+    directory_blocks: tuple[int, ...] = ()

@@ -56,6 +56,8 @@ class RequestRow(NamedTuple):
         directory_mismatch_tokens: promised reuse that was gone at admission.
         mismatch_lost_s: nominal prefill time of the mismatch tokens, seconds.
         served_by: prefix source (``local_hit``, ``tier_load``, ``remote_transfer``, ``recompute``).
+        directory_reuse_tokens: the prefix the directory held on the chosen worker at decision time,
+            without in-flight prefixes, capped as the engine caps a full hit (gateway); None in replays.
         client_request_id: the client's own id of the request (gateway); None in replays.
         outcome: ``ok``, or what ended the request, naming the engine (gateway); None in replays.
     """
@@ -74,6 +76,7 @@ class RequestRow(NamedTuple):
     directory_mismatch_tokens: int | None = None
     mismatch_lost_s: float | None = None
     served_by: str | None = None
+    directory_reuse_tokens: int | None = None
     client_request_id: str | None = None
     outcome: str | None = None
 

@@ -97,6 +97,12 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         Column("directory_mismatch_tokens", "BIGINT", "promised reuse that was gone at admission"),
         Column("mismatch_lost_s", "DOUBLE", "nominal prefill time of the mismatch tokens, seconds"),
         Column("served_by", "VARCHAR", "prefix source: local_hit, tier_load, remote_transfer, recompute"),
+        Column(
+            "directory_reuse_tokens",
+            "BIGINT",
+            "gateway: prefix the directory held on the chosen worker at decision time (no in-flight prefixes), "
+            "capped as the engine caps a full hit; NULL in replays",
+        ),
         Column("client_request_id", "VARCHAR", "the client's request id (gateway: X-Request-Id or request_id)"),
         Column("outcome", "VARCHAR", "gateway: ok, or what ended the request (naming the engine); NULL in replays"),
     ),

@@ -166,20 +166,30 @@ def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> T
     second half (recorded in ``metadata["isotonic"]``); on the conversation trace
     it did not (``docs/term-models.md``).
 
-    Raises:
-        ValueError: a term observed in no training row.
+    A term observed in *no* training row (a live engine reports TTFT and its queue
+    time, never lookup, transfer, prefill or first-token work apart) is not
+    learned from nothing: the prefill term, the largest of them, is fitted on what
+    TTFT leaves once the other terms are taken away (their actual values where
+    observed, else their analytic ones: a sum, exact when nothing overlaps the
+    prefill, as on an engine that fetches no KV), and every other unobserved term
+    keeps its analytic predictor. ``metadata["unobserved_terms"]`` says which.
     """
     x_train = feature_matrix(split.train)
     predictors = {}
+    unobserved = {}
     for term in TERMS:
         known = _known(split.train, term)
-        if not known.any():
-            raise ValueError(
-                f"{ACTUAL_COLUMN[term]} is missing in all {len(known)} training rows; expected some observed"
-            )
-        target = split.train[ACTUAL_COLUMN[term]].to_numpy()[known]
-        predictors[term] = make_term_predictor(predictor, term, **params).fit(x_train[known], target)
+        target = split.train[ACTUAL_COLUMN[term]].to_numpy()
+        if not known.any() and term == "prefill":
+            known, target = _prefill_residual(split.train, x_train)
+            unobserved[term] = "fitted on TTFT less the other terms"
+        elif not known.any():
+            predictors[term] = make_term_predictor("analytic", term)
+            unobserved[term] = "analytic"
+            continue
+        predictors[term] = make_term_predictor(predictor, term, **params).fit(x_train[known], target[known])
     model_set = TermModelSet(predictors)
+    model_set.metadata["unobserved_terms"] = unobserved
     iso_rows, conformal_rows = _halves(split.calibration)
     isotonic = IsotonicCalibrator().fit(
         model_set.predict(feature_matrix(iso_rows)).ttft_s, iso_rows["actual_ttft_s"].to_numpy()
@@ -206,6 +216,18 @@ def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> T
         },
     )
     return model_set
+
+
+def _prefill_residual(frame: pd.DataFrame, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, target)`` for a prefill term observed nowhere: TTFT less the other terms (each its actual value
+    where observed, else its analytic value), clipped at 0, on the rows whose TTFT was observed."""
+    residual = frame[ACTUAL_COLUMN["ttft"]].to_numpy(dtype=float).copy()
+    for other in TERMS:
+        if other == "prefill":
+            continue
+        analytic = make_term_predictor("analytic", other).predict_many(x)
+        residual -= np.where(_known(frame, other), frame[ACTUAL_COLUMN[other]].to_numpy(dtype=float), analytic)
+    return _known(frame, "ttft"), np.maximum(residual, 0.0)
 
 
 def _known(frame: pd.DataFrame, term: str) -> np.ndarray:

@@ -261,6 +261,7 @@ class Router:
         worker_ids = tuple(s.worker_id for s in snapshots)
         namespaces = [self._namespace_of(request, s) for s in snapshots]
         matches = self._match(request, snapshots, namespaces, now_s)
+        directory_blocks = tuple(m.reusable_blocks for m in matches)
         in_flight = self._in_flight(request, namespaces, matches, now_s)
         matches = [_with_in_flight(m, b) for m, b in zip(matches, in_flight, strict=True)]
         options = self._plans(request, snapshots, namespaces, in_flight) if self.settings.tiers else None
@@ -304,6 +305,7 @@ class Router:
             predictions=predictions,
             calibrated=calibrated,
             plans=plans,
+            directory_blocks=directory_blocks,
         )
 
     def on_outcome(self, request_id: int, ttft_s: float, now_s: float) -> None:

@@ -481,6 +481,8 @@ class MeasuredOutcome:
         tpot_s: mean time per output token after the first, seconds; None when unknown.
         output_tokens: generated tokens (the engine's usage); None when not reported.
         actual_reuse_tokens: the engine's ``usage.prompt_tokens_details.cached_tokens``; None when not reported.
+        directory_reuse_tokens: the directory's own match on the chosen worker at decision time, capped
+            as the engine caps a full hit (vLLM computes at least the last block-aligned part).
         client_request_id: the client's id (``X-Request-Id`` or ``request_id``).
         outcome: ``ok``, or what ended the request, naming the engine.
     """
@@ -492,6 +494,7 @@ class MeasuredOutcome:
     tpot_s: float | None
     output_tokens: int | None
     actual_reuse_tokens: int | None
+    directory_reuse_tokens: int
     client_request_id: str | None
     outcome: str
 
@@ -513,6 +516,7 @@ def _measured_row(m: MeasuredOutcome, d: DecisionRecord) -> RequestRow:
         tpot_s=m.tpot_s,
         e2e_s=m.e2e_s,
         directory_mismatch_tokens=None if reuse is None else max(0, d.predicted_reuse_tokens - reuse),
+        directory_reuse_tokens=m.directory_reuse_tokens,
         client_request_id=m.client_request_id,
         outcome=m.outcome,
     )

@@ -91,6 +91,7 @@ class _Attempt:
     worker_id: int
     started: float  # perf_counter at the client request's arrival
     client_id: str
+    directory_tokens: int = 0
     ttft_s: float | None = None
     usage: dict[str, Any] | None = None
     queue_s: float | None = None
@@ -189,7 +190,11 @@ class Gateway:
         self.load.routed(
             decision_id, decision.worker_id, request.input_tokens, _reusable(decision, request.input_tokens)
         )
-        return _Attempt(decision_id, decision.worker_id, started, client)
+        block = request.namespace.block_size_tokens
+        held = decision.directory_blocks[decision.chosen_index]
+        return _Attempt(
+            decision_id, decision.worker_id, started, client, engine_cached_tokens(held, block, len(token_ids))
+        )
 
     def _snapshot(self, worker_id: int) -> WorkerSnapshot:
         stored = self.service.routing.snapshots.get(worker_id)
@@ -365,6 +370,7 @@ class Gateway:
             tpot_s=tpot_s,
             output_tokens=output,
             actual_reuse_tokens=cached_tokens(attempt.usage),
+            directory_reuse_tokens=attempt.directory_tokens,
             client_request_id=attempt.client_id,
             outcome=attempt.outcome,
         )
@@ -397,6 +403,14 @@ def _client_request_id(request: Request, body: dict[str, Any]) -> str:
     if isinstance(given, str) and 0 < len(given) <= 256:
         return given
     return f"kvcost-{secrets.token_hex(12)}"
+
+
+def engine_cached_tokens(blocks: int, block_size_tokens: int, input_tokens: int) -> int:
+    """Tokens vLLM takes from its prefix cache for a prompt of ``input_tokens`` whose first ``blocks`` full
+    blocks are cached: at most ``input_tokens − 1`` (the last token is computed for its logits), rounded down
+    to whole blocks (vLLM 0.32 ``KVCacheManager.get_computed_blocks``: ``max_cache_hit_length = num_tokens − 1``,
+    and hits are block-aligned)."""
+    return min(blocks, max(0, input_tokens - 1) // block_size_tokens) * block_size_tokens
 
 
 def _reusable(decision: RouteDecision, input_tokens: int) -> int:

@@ -100,7 +100,9 @@ def engine_client(settings: ServiceSettings) -> httpx.AsyncClient:
         write=settings.engine_read_timeout_s,
         pool=settings.engine_connect_timeout_s,
     )
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    # idle connections are closed before the engine's own keep-alive timeout (uvicorn's 5 s, vLLM's server):
+    # reusing one the engine is closing at that moment fails the request before its first byte
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
     return httpx.AsyncClient(timeout=timeout, limits=limits)
 
 

@@ -219,6 +219,13 @@ class VLLMEngine:
         _signal_group(self.process.pid, signal.SIGKILL)  # children left behind by the server
         return self.process.returncode
 
+    def kill(self) -> None:
+        """SIGKILL the process group at once (a crash: no graceful shutdown, open streams are cut)."""
+        if self.process is not None:
+            _running.discard(self)
+            _signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
     def restart(self, timeout_s: float = 300.0) -> float:
         """:meth:`stop`, :meth:`start` and :meth:`wait_ready`; returns the start-up seconds (errors as those)."""
         self.stop()

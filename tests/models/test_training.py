@@ -12,6 +12,7 @@ from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 from kvcost.models.training import (
     error_metrics,
     evaluate,
+    feature_matrix,
     load_training_frame,
     split_by_time,
     train_term_set,
@@ -32,6 +33,7 @@ def _requests(ids, arrivals, queue_s):
     frame["directory_mismatch_tokens"] = 0
     frame["mismatch_lost_s"] = 0.0
     frame["served_by"] = "recompute"
+    frame["directory_reuse_tokens"] = None
     frame["client_request_id"] = None
     frame["outcome"] = None
     return frame
@@ -136,7 +138,17 @@ def test_rows_observed_with_ttft_alone_train_only_the_calibration():
     split = split_by_time(frame)
     ev = evaluate(train_term_set(split, "lightgbm", num_boost_round=100), split.holdout)
     assert ev["learned"]["queue"]["mae_s"] < 0.05 and ev["rows"] == 400
-    frame.loc[:, "actual_prefill_s"] = np.nan
-    with pytest.raises(ValueError, match="actual_prefill_s is missing in all 400 training rows"):
-        train_term_set(split_by_time(frame), "lightgbm")
+    # a live engine: TTFT and queue only; prefill is fitted on what TTFT leaves, the rest stay analytic
+    live = frame.copy()
+    live[[f"actual_{t}_s" for t in TERMS if t != "queue"]] = np.nan
+    live["actual_queue_s"] = 2 * live["nominal_queue_s"]
+    live["actual_ttft_s"] = live["actual_queue_s"] + 0.25
+    model_set = train_term_set(split_by_time(live), "lightgbm", num_boost_round=100)
+    assert model_set.metadata["unobserved_terms"] == {
+        "lookup": "analytic", "transfer": "analytic", "prefill": "fitted on TTFT less the other terms",
+        "first_token": "analytic",
+    }  # fmt: skip
+    assert model_set.predictors["lookup"].name == "analytic"
+    prefill_s = model_set.predictors["prefill"].predict_many(feature_matrix(live.iloc[:5]))
+    np.testing.assert_allclose(prefill_s, 0.25, atol=0.01)  # the analytic terms are 0 on these rows
     assert np.isnan(error_metrics(np.array([]), np.array([]))["mae_s"])

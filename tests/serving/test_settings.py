@@ -23,3 +23,23 @@ def test_a_bad_environment_variable_is_a_validation_error_of_its_field(monkeypat
     with pytest.raises(ValidationError) as info:
         ServiceSettings()
     assert [(e["loc"], e["input"]) for e in info.value.errors()] == [(("port",), "70000")]
+
+
+def test_gateway_engines_and_lora_modules_are_parsed_and_bad_entries_name_the_field(tmp_path):
+    from kvcost.serving.settings import parse_engine
+
+    assert parse_engine("1=http://10.0.0.5:8000/") == (1, "http://10.0.0.5:8000")
+    settings = ServiceSettings(engines=["0=http://e0:8000"], lora_modules=["sql=/adapters/sql"], tokenizer=tmp_path)
+    assert settings.lora_paths() == {"sql": "/adapters/sql"}
+    bad = [
+        ({"engines": ["0=e0:8000"]}, "engines entry '0=e0:8000', expected WORKER=http://HOST:PORT"),
+        ({"engines": ["0=http://a:1", "0=http://b:1"]}, "engines names worker ids [0, 0]"),
+        ({"lora_modules": ["sql"]}, "lora_modules entry 'sql', expected NAME=PATH"),
+        ({"lora_modules": ["a=/x", "a=/y"]}, "lora_modules entry 'a=/y', expected NAME=PATH (each name once)"),
+        ({"tokenizer": tmp_path / "none"}, f"tokenizer = '{tmp_path / 'none'}' is not a folder"),
+        ({"hash_extra_keys": "tags"}, "Input should be 'tagged' or 'bare'"),
+    ]
+    for fields, message in bad:
+        with pytest.raises(ValidationError) as info:
+            ServiceSettings(**fields)
+        assert message in str(info.value)

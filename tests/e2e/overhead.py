@@ -1,0 +1,110 @@
+"""The gateway's cost, measured against one real vLLM engine: ``.venv/bin/python -m tests.e2e.overhead``.
+
+* **Added TTFT**: requests sent straight to the engine and through the gateway
+  (fronting that one engine alone), interleaved, in one run at 50 requests/s:
+  TTFT at the first streamed chunk as the client sees it, P50 / P99 of each path
+  and their differences.
+* **Tokenization per request**: the gateway's local tokenizer (``--tokenizer``)
+  and the engine's ``/tokenize``, on the same completion and chat bodies.
+
+Prints the figures (docs/gateway.md keeps the measured ones). Needs ``make engine``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from kvcost.serving.gateway.tokenize import EngineTokenizer, LocalTokenizer
+from tests.e2e.engines import VLLMEngine, free_port, start_all
+from tests.e2e.test_gateway_vllm import ENGINE_VENV, ROOT, KvcostServe
+from tests.e2e.traffic import Spec, block_text, block_tokens, send
+
+
+def _bodies(count: int) -> list[dict]:
+    """Short completions (4 blocks, 8 tokens out), each its own prefix: the added cost, not the cache, is measured."""
+    bodies = []
+    for i in range(count):
+        prompt = [t for h in range(4) for t in block_tokens(10_000 + 4 * i + h)]
+        bodies.append({"model": "tiny", "prompt": prompt, "max_tokens": 8, "stream": True, "ignore_eos": True})
+    return bodies
+
+
+async def _interleaved(engine_url: str, gateway_url: str, rate_per_s: float, count: int) -> dict[str, list[float]]:
+    ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
+        tasks = []
+        start = time.perf_counter()
+        for i, body in enumerate(_bodies(count)):
+            await asyncio.sleep(max(0.0, start + i / rate_per_s - time.perf_counter()))
+            path = "direct" if i % 2 == 0 else "gateway"
+            url = engine_url if path == "direct" else gateway_url
+            tasks.append((path, asyncio.create_task(send(client, url, Spec(i, "completion", body), {}))))
+        for path, task in tasks:
+            result = await task
+            if result.ttft_s is not None and not result.error:
+                ttft[path].append(result.ttft_s)
+    return ttft
+
+
+async def _tokenize_costs(engine_url: str, model_dir: Path, n: int) -> dict[str, float]:
+    local = LocalTokenizer(model_dir)
+    completion = {"model": "tiny", "prompt": " ".join(block_text(h) for h in range(40))}
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": completion["prompt"]}]}
+    costs = {}
+    async with httpx.AsyncClient(timeout=10) as client:
+        remote = EngineTokenizer(client, engine_url)
+        for name, tokenizer in (("local", local), ("engine", remote)):
+            for kind, body, call in (("completion", completion, "completion_ids"), ("chat", chat, "chat_ids")):
+                samples = []
+                for _ in range(n):
+                    start = time.perf_counter()
+                    await getattr(tokenizer, call)(body)
+                    samples.append(time.perf_counter() - start)
+                costs[f"{name} {kind}"] = statistics.median(samples)
+    return costs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=50.0, help="requests/s, both paths together")
+    parser.add_argument("--requests", type=int, default=3000)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kvcost-overhead-"))
+    model = work / "tiny-model"
+    import subprocess
+
+    subprocess.run([str(ENGINE_VENV / "bin/python"), str(ROOT / "tests/e2e/tiny_model.py"), str(model)], check=True)
+    engine = VLLMEngine(model, free_port(), free_port(), free_port(), num_gpu_blocks=2000, log_dir=work)
+    start_all([engine], timeout_s=400)
+    serve = KvcostServe(
+        ["--engine", f"0={engine.base_url}", "--tokenizer", str(model), "--analytic-only", "--block-size-tokens",
+         "32", "--prefix-caching-hash-algo", "sha256_cbor", "--served-model-name", "tiny"],
+        work,
+    )  # fmt: skip
+    try:
+        serve.start()
+        ttft = asyncio.run(_interleaved(engine.base_url, serve.url, args.rate, args.requests))
+        costs = asyncio.run(_tokenize_costs(engine.base_url, model, 200))
+    finally:
+        serve.stop()
+        engine.stop()
+    p = {path: np.percentile(values, [50, 99]) * 1000 for path, values in ttft.items()}
+    print(f"requests: {len(ttft['direct'])} direct, {len(ttft['gateway'])} through the gateway, {args.rate:g}/s")
+    for path in ("direct", "gateway"):
+        print(f"TTFT {path}: P50 {p[path][0]:.2f} ms, P99 {p[path][1]:.2f} ms")
+    added = p["gateway"] - p["direct"]
+    print(f"added by the gateway: P50 {added[0]:.2f} ms, P99 {added[1]:.2f} ms")
+    for name, seconds in costs.items():
+        print(f"tokenize ({name}, 40 sentences): median {seconds * 1000:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""Traffic for the end-to-end tests: a slice of the bundled Mooncake conversation trace as OpenAI requests.
+
+Each Mooncake hash id stands for one 512-token block of the original prompt;
+here it becomes a deterministic block of 32 token ids (the engines' block size),
+so that requests sharing hash ids share exact token prefixes. Completions send
+the token ids as the prompt; chat requests send a deterministic text per hash id
+(tokenized by the gateway through the chat template, as the engine does), so
+their shared prefixes are shared text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+BLOCK_TOKENS = 32
+#: Token ids drawn for prompts: above the tiny tokenizer's special tokens, below its vocabulary (4,096).
+TOKEN_RANGE = (16, 4000)
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()  # fmt: skip
+
+
+def block_tokens(hash_id: int) -> list[int]:
+    """The 32 token ids standing for Mooncake hash id ``hash_id`` (deterministic)."""
+    rng = random.Random(hash_id)
+    return [rng.randrange(*TOKEN_RANGE) for _ in range(BLOCK_TOKENS)]
+
+
+def block_text(hash_id: int) -> str:
+    """A short deterministic text standing for ``hash_id`` in chat requests."""
+    rng = random.Random(-1 - hash_id)
+    return " ".join(rng.choice(WORDS) for _ in range(8)) + "."
+
+
+@dataclass(slots=True)
+class Spec:
+    """One request to send: its index in the slice, kind, body and whether it is salted."""
+
+    index: int
+    kind: str  # "completion" or "chat"
+    body: dict[str, Any]
+    salted: bool = False
+
+    @property
+    def path(self) -> str:
+        """The OpenAI endpoint."""
+        return "/v1/completions" if self.kind == "completion" else "/v1/chat/completions"
+
+
+def trace_slice(path: Path, count: int, max_prompt_tokens: int) -> tuple[list[list[int]], int]:
+    """The hash ids of the first requests of a Mooncake trace whose prompt fits; returns them and the skipped count."""
+    kept, skipped = [], 0
+    with path.open() as lines:
+        for line in lines:
+            if len(kept) == count:
+                break
+            hash_ids = json.loads(line)["hash_ids"]
+            if len(hash_ids) * BLOCK_TOKENS > max_prompt_tokens:
+                skipped += 1
+                continue
+            kept.append(hash_ids)
+    return kept, skipped
+
+
+def specs(hash_lists: list[list[int]], max_tokens: int, chat_every: int, salt_every: int) -> list[Spec]:
+    """Requests for ``hash_lists``: every ``chat_every``-th a chat, every ``salt_every``-th salted ("tenantA")."""
+    out = []
+    for i, hash_ids in enumerate(hash_lists):
+        common = {"model": "tiny", "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True}
+        common["stream_options"] = {"include_usage": True}
+        if i % chat_every == chat_every - 1:
+            text = " ".join(block_text(h) for h in hash_ids)
+            body = {**common, "messages": [{"role": "user", "content": text}]}
+            kind = "chat"
+        else:
+            body = {**common, "prompt": [t for h in hash_ids for t in block_tokens(h)]}
+            kind = "completion"
+        salted = i % salt_every == salt_every - 1
+        if salted:
+            body["cache_salt"] = "tenantA"
+        out.append(Spec(i, kind, body, salted))
+    return out
+
+
+@dataclass(slots=True)
+class Result:
+    """What the client saw of one request."""
+
+    spec: Spec
+    status: int = 0
+    worker: int | None = None
+    decision: int | None = None
+    error: str = ""
+    usage: dict[str, Any] | None = None
+    chunks: int = 0
+    done: bool = False
+    ttft_s: float | None = None
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """The engine's ``prompt_tokens_details.cached_tokens`` as the client received it."""
+        details = (self.usage or {}).get("prompt_tokens_details") or {}
+        return details.get("cached_tokens")
+
+
+async def send(client: httpx.AsyncClient, base_url: str, spec: Spec, headers: dict[str, str]) -> Result:
+    """Send one streamed request through the gateway and read the whole stream."""
+    result = Result(spec)
+    started = time.perf_counter()
+    request_headers = {"x-request-id": f"e2e-{spec.index}", **headers}
+    try:
+        async with client.stream("POST", base_url + spec.path, json=spec.body, headers=request_headers) as response:
+            result.status = response.status_code
+            result.worker = _int_header(response, "x-kvcost-worker")
+            result.decision = _int_header(response, "x-kvcost-decision")
+            if response.status_code != 200:
+                result.error = (await response.aread()).decode(errors="replace")
+                return result
+            async for line in response.aiter_lines():
+                _read_line(result, line, started)
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def _read_line(result: Result, line: str, started: float) -> None:
+    if not line.startswith("data: "):
+        return
+    data = line[6:]
+    if data == "[DONE]":
+        result.done = True
+        return
+    chunk = json.loads(data)
+    if "error" in chunk:
+        result.error = chunk["error"].get("message", str(chunk["error"]))
+    if chunk.get("choices"):
+        result.chunks += 1
+        if result.ttft_s is None:
+            result.ttft_s = time.perf_counter() - started
+    if chunk.get("usage"):
+        result.usage = chunk["usage"]
+
+
+def _int_header(response: httpx.Response, name: str) -> int | None:
+    value = response.headers.get(name)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+async def send_open_loop(
+    base_url: str, all_specs: list[Spec], rate_per_s: float, headers: dict[str, str] | None = None
+) -> list[Result]:
+    """Send ``all_specs`` at a fixed arrival rate (open loop: arrivals do not wait for answers)."""
+    limits = httpx.Limits(max_connections=None, keepalive_expiry=2.0)  # below the server's 5 s keep-alive
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
+        tasks = []
+        start = time.perf_counter()
+        for i, spec in enumerate(all_specs):
+            delay = start + i / rate_per_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(client, base_url, spec, headers or {})))
+        return list(await asyncio.gather(*tasks))
+
+
+@dataclass
+class EngineSampler:
+    """Samples each engine's ``vllm:num_requests_waiting`` while traffic runs (the share of samples > 0)."""
+
+    urls: dict[int, str]
+    period_s: float = 0.2
+    samples: dict[int, list[float]] = field(default_factory=dict)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sample until ``stop`` is set."""
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while not stop.is_set():
+                for worker, url in self.urls.items():
+                    waiting = await _waiting(client, url)
+                    if waiting is not None:
+                        self.samples.setdefault(worker, []).append(waiting)
+                await asyncio.sleep(self.period_s)
+
+    def waiting_share(self, worker: int) -> float:
+        """Share of samples in which ``worker`` had a request waiting."""
+        values = self.samples.get(worker, [])
+        return sum(v > 0 for v in values) / len(values) if values else 0.0
+
+
+async def _waiting(client: httpx.AsyncClient, url: str) -> float | None:
+    try:
+        text = (await client.get(f"{url}/metrics")).text
+    except httpx.HTTPError:
+        return None
+    found = re.findall(r"^vllm:num_requests_waiting\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    return sum(float(v) for v in found) if found else None
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels`` in a Prometheus text."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
