@@ -530,3 +530,21 @@ def test_an_observed_ttft_over_its_served_p90_widens_the_next_bounds(client):
     assert service.routing.router.interval.updates == 1
     ratios = [a["p90_s"] / b["p90_s"] for a, b in zip(after["candidates"], before["candidates"], strict=True)]
     assert ratios == pytest.approx([np.exp(0.045)] * 2)
+
+
+def test_without_kv_events_a_routed_prefix_counts_as_cached_on_its_worker_until_its_ttl(tmp_path):
+    now = [1000.0]
+    settings = settings_for(tmp_path, token=False, routed_ttl_s=60.0)
+    service = ScoringService(settings, clock=lambda: now[0], model_loader=None, registry_lister=None, roll=None)
+    with TestClient(create_app(settings, service)) as client:
+        chosen = client.post("/v1/route", json=make_body(1)).json()["worker_id"]
+        assert chosen == 1  # worker 0 has 4,000 tokens queued
+        scores = client.post("/v1/score", json=make_body(2)).json()["candidates"]
+        modes = [(c["reusable_tokens"], c["directory_mode"]) for c in scores]
+        assert modes == [(0, "approximate"), (96, "approximate")]
+        now[0] += 61.0  # the next route expires it
+        client.post("/v1/route", json=make_body(3, token_ids=list(range(500, 520))))
+        scores = client.post("/v1/score", json=make_body(4)).json()["candidates"]
+        assert [c["reusable_tokens"] for c in scores] == [0, 0]
+        client.post("/v1/workers/1/snapshot", json={})  # a worker kvcost knows of shows its mode
+        assert 'kvcost_directory_mode{mode="approximate",worker="1"} 1.0' in client.get("/metrics").text
