@@ -402,9 +402,11 @@ class ScoringService:
     def record_measured(self, measured: MeasuredOutcome) -> concurrent.futures.Future | None:
         """Record what the gateway measured of a request it routed (its ``requests`` row), without waiting.
 
-        The row is queued for the next group commit; the returned future resolves when it is
-        committed (None: the decision is unknown or already observed, nothing is written). A
-        known TTFT reaches the router (:meth:`Routing.on_outcome`) at once.
+        The row is queued and committed with the rows queued within ``decision_linger_s``
+        (no one waits for it: the client has its answer already), so a crash loses at most
+        that window of gateway rows; the returned future resolves when it is committed (None:
+        the decision is unknown or already observed, nothing is written). A known TTFT
+        reaches the router (:meth:`Routing.on_outcome`) at once.
 
         Raises:
             LogUnavailableError: not started, or the writer's queue is full.
@@ -416,7 +418,7 @@ class ScoringService:
             return None
         decision.observed = True  # the gateway is the only observer of its requests
         row = _measured_row(measured, decision)
-        future = self._writer.submit(request_batch(decision.run_id, [row]), urgent=True)
+        future = self._writer.submit(request_batch(decision.run_id, [row]))
         self.metrics.observations.labels("recorded").inc()
         self._count_errors(measured, decision)
         if measured.ttft_s is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -72,6 +73,12 @@ async def _tokenize_costs(engine_url: str, model_dir: Path, n: int) -> dict[str,
     return costs
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``, Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=50.0, help="requests/s, both paths together")
@@ -88,10 +95,13 @@ def main() -> None:
         ["--engine", f"0={engine.base_url}", "--tokenizer", str(model), "--analytic-only", "--block-size-tokens",
          "32", "--prefix-caching-hash-algo", "sha256_cbor", "--served-model-name", "tiny"],
         work,
+        roll_interval_s=60.0,  # the service's default
     )  # fmt: skip
     try:
         serve.start()
+        cpu_before_s = _cpu_s(serve.process.pid)
         ttft = asyncio.run(_interleaved(engine.base_url, serve.url, args.rate, args.requests))
+        gateway_cpu_s = _cpu_s(serve.process.pid) - cpu_before_s
         costs = asyncio.run(_tokenize_costs(engine.base_url, model, 200))
     finally:
         serve.stop()
@@ -102,6 +112,7 @@ def main() -> None:
         print(f"TTFT {path}: P50 {p[path][0]:.2f} ms, P99 {p[path][1]:.2f} ms")
     added = p["gateway"] - p["direct"]
     print(f"added by the gateway: P50 {added[0]:.2f} ms, P99 {added[1]:.2f} ms")
+    print(f"gateway process CPU per request: {gateway_cpu_s / max(1, len(ttft['gateway'])) * 1000:.2f} ms")
     for name, seconds in costs.items():
         print(f"tokenize ({name}, 40 sentences): median {seconds * 1000:.3f} ms")
 

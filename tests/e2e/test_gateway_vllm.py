@@ -64,16 +64,21 @@ def phase(name: str) -> Iterator[None]:
 class KvcostServe:
     """``kvcost serve`` as a process (the real CLI), stopped with SIGINT as a user would."""
 
-    def __init__(self, args: list[str], workdir: Path) -> None:
+    def __init__(self, args: list[str], workdir: Path, roll_interval_s: float = 1.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db = workdir / "log.duckdb"
         self.log = workdir / "serve.log"
         self.args = ["--host", "127.0.0.1", "--port", str(self.port), "--db", str(self.db), *args]
         self.process: subprocess.Popen | None = None
+        self.roll_interval_s = roll_interval_s  # segments roll this often (the tests read them; default 60 s)
 
     def start(self, timeout_s: float = 120.0) -> None:
-        env = {**os.environ, "KVCOST_SEGMENT_ROLL_INTERVAL_S": "1", "KVCOST_SCRAPE_TIMEOUT_S": "2"}
+        env = {
+            **os.environ,
+            "KVCOST_SEGMENT_ROLL_INTERVAL_S": str(self.roll_interval_s),
+            "KVCOST_SCRAPE_TIMEOUT_S": "2",
+        }
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [str(Path(sys.executable).parent / "kvcost"), "serve", *self.args],
