@@ -161,6 +161,11 @@ class Gateway:
                     names = ", ".join(f"engine {w} ({self.engines.urls[w]})" for w in tried)
                     message = f"{names} failed before the first token: {failed.reason}"
                     raise OpenAIError(502, message, "engine_error") from None
+            except BaseException as exc:  # cancelled (the client left) or a bug: logged, never lost silently
+                cancelled = isinstance(exc, asyncio.CancelledError)
+                attempt.outcome = f"{'cancelled' if cancelled else 'failed'} before the first token: {_describe(exc)}"
+                self._log(attempt, "cancelled" if cancelled else "engine_error", e2e=False)
+                raise
 
     async def _tokenize(self, path: str, body: dict[str, Any]) -> list[int]:
         start = time.perf_counter()
@@ -270,6 +275,9 @@ class Gateway:
             ended = isinstance(exc, StopAsyncIteration)
             reason = "the stream ended before the first token" if ended else _describe(exc)
             raise _EngineFailedError(attempt.worker_id, reason, isinstance(exc, _UNREACHABLE)) from None
+        except BaseException:  # cancelled while waiting for the first token: the engine's request goes too
+            asyncio.get_running_loop().create_task(response.aclose())
+            raise
         self.engines.succeeded(attempt.worker_id)
         events = self._forward(attempt, response, chunks, reader, head, wants_usage)
         return StreamingResponse(events, media_type="text/event-stream", headers=self._headers(attempt))
