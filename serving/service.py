@@ -26,7 +26,9 @@ write-ahead log (``fdatasync``), so an acknowledged observation survives
 ``kill -9`` and power loss. Concurrent observations share one commit (group
 commit). Decisions are queued without waiting (routing latency does not
 include the disk); they are committed in groups within ``decision_linger_s``
-(50 ms), and at the latest together with their observation, which is queued
+(0.5 s; one insert costs about 6.5 ms of CPU whatever its rows: 6.8 ms per
+decision inserted alone, 0.54 ms in groups of 12), and at the latest together
+with their observation, which is queued
 after them.
 
 After a restart the service reloads the newest ``max_decisions`` chosen

@@ -77,7 +77,11 @@ class ServiceSettings(BaseSettings):
     max_workers: int = Field(65_536, ge=1, description="workers with a pushed snapshot")
     max_queued_writes: int = Field(100_000, ge=1, description="log writes queued before writes are refused")
     decision_linger_s: float = Field(
-        0.05, ge=0, le=10, description="decisions wait up to this long to be committed together"
+        0.5,
+        ge=0,
+        le=10,
+        description="decisions (and gateway observations) wait up to this long to be committed together: each "
+        "insert costs ~6.5 ms of CPU whatever its rows, so grouping keeps the CPU per request low",
     )
     model_load_timeout_s: float = Field(60.0, gt=0, description="champion load / registry listing timeout")
     segment_roll_interval_s: float = Field(
