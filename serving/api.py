@@ -327,7 +327,9 @@ def kv_event_subscriber(settings: ServiceSettings, service: ScoringService) -> K
     ingestor = KVEventIngestor(service.directory, lambda worker_id: namespace)
     sources = [parse_kv_event_source(spec) for spec in settings.kv_events]
     ingestor.expect_workers(source.worker_id for source in sources)
-    return KVEventSubscriber(ingestor, sources, clock=service.clock, lock=service.lock)
+    return KVEventSubscriber(
+        ingestor, sources, clock=service.clock, lock=service.lock, replay_timeout_s=settings.kv_replay_timeout_s
+    )
 
 
 def engine_scraper(

@@ -122,6 +122,13 @@ class ServiceSettings(BaseSettings):
         description="vLLM KV event stream WORKER=tcp://HOST:PORT, or WORKER=PUB,REPLAY with the engine's replay "
         "socket (missed batches are then asked for again); one per worker (repeat the option)",
     )
+    kv_replay_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="a replay of missed KV event batches gives up when the engine's replay socket is silent this "
+        "long (the worker is then marked stale); the engine's events wait meanwhile",
+    )
     served_model_name: str | None = Field(
         None,
         min_length=1,

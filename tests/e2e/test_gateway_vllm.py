@@ -32,7 +32,6 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_VENV = ROOT / ".venv-engine"
 TRACE = ROOT / "data" / "bundled" / "traces" / "mooncake" / "conversation_trace.jsonl"
-MAX_MODEL_LEN = 2048
 MAX_TOKENS = 16
 #: Each engine's KV pool, blocks of 32 tokens, and the longest prompt sent: the pool holds about fifty
 #: prompts, fewer than the slice's distinct prefixes, so blocks are evicted once it fills; a pool of one
@@ -324,6 +323,15 @@ def _score(url: str, prompt: list[int]) -> dict:
     return httpx.post(f"{url}/v1/score", json=body, timeout=10).json()["candidates"][0]
 
 
+async def _running(engine: VLLMEngine) -> float:
+    """The engine's ``vllm:num_requests_running`` (0 when its ``/metrics`` does not answer)."""
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            return metric((await client.get(f"{engine.base_url}/metrics")).text, "vllm:num_requests_running")
+    except httpx.HTTPError:
+        return 0.0
+
+
 def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_back(exact, engines):
     hash_lists, _ = trace_slice(TRACE, 40, MAX_PROMPT_TOKENS)
     burst = specs(hash_lists, 800, chat_every=1000, salt_every=1000)  # long streams: some are cut by the crash
@@ -334,9 +342,8 @@ def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_bac
     async def run():
         sending = asyncio.create_task(send_open_loop(exact.url, burst, 10.0))
         await asyncio.sleep(1.0)
-        async with httpx.AsyncClient(timeout=5) as client:  # kill while engine 0 streams
-            while metric((await client.get(f"{engines[0].base_url}/metrics")).text, "vllm:num_requests_running") < 1:
-                await asyncio.sleep(0.1)
+        while await _running(engines[0]) < 1:  # kill while engine 0 streams
+            await asyncio.sleep(0.1)
         engines[0].kill()  # a crash mid-run: streams from it are cut, connections to it refused
         return await sending
 
