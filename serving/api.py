@@ -395,6 +395,7 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
         liveness = EngineLiveness(service.directory, service.lock, service.clock, ingestor)
         if client is not None:
             app.state.gateway = build_gateway(settings, service, client, liveness)
+            liveness.on_new_process = app.state.gateway.engines.succeeded
         scraper = engine_scraper(settings, service, liveness)
         if scraper is not None:
             scraper.start()

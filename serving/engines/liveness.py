@@ -47,6 +47,8 @@ class EngineLiveness:
         lock: guards ``directory`` and ``ingestor`` (the service's lock).
         clock: wall clock, epoch seconds (stamps a clear).
         ingestor: the KV event ingestor feeding ``directory``, or None (approximate mode only).
+        on_new_process: called with the worker id when its engine answers as a new process (the
+            gateway ends that engine's failure backoff: the failures were the old process's).
     """
 
     def __init__(
@@ -55,8 +57,10 @@ class EngineLiveness:
         lock: threading.Lock,
         clock: Callable[[], float],
         ingestor: KVEventIngestor | None = None,
+        on_new_process: Callable[[int], object] | None = None,
     ) -> None:
         self.directory = directory
+        self.on_new_process = on_new_process
         self.lock = lock
         self.clock = clock
         self.ingestor = ingestor
@@ -72,8 +76,9 @@ class EngineLiveness:
             return
         started_s = metrics.process_start_time_s
         previous_s = self.started_s.get(worker_id)
+        restarted = started_s is not None and previous_s is not None and started_s != previous_s
         with self.lock:
-            if started_s is not None and previous_s is not None and started_s != previous_s:
+            if restarted:
                 logger.warning(
                     "worker %d: a new engine process (started at %.3f, was %.3f): its directory entries are dropped",
                     worker_id, started_s, previous_s,
@@ -85,6 +90,8 @@ class EngineLiveness:
             self.directory.mark_known(worker_id)
         if started_s is not None:
             self.started_s[worker_id] = started_s
+        if restarted and self.on_new_process is not None:
+            self.on_new_process(worker_id)
 
     def unreachable(self, worker_id: int) -> None:
         """The engine did not answer (a scrape, or a request the gateway could not deliver): mark it unknown."""

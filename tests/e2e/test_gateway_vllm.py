@@ -44,7 +44,7 @@ MAX_PROMPT_TOKENS = int(os.environ.get("KVCOST_E2E_MAX_PROMPT", "1024"))
 #: sustains. Without the limit the engines batch everything and the waiting happens instead in their API
 #: servers' processes, starved of CPU by the engine loops (TTFT of seconds with an engine queue time of 0).
 REQUESTS = int(os.environ.get("KVCOST_E2E_REQUESTS", "400"))
-RATE_PER_S = float(os.environ.get("KVCOST_E2E_RATE", "10"))
+RATE_PER_S = float(os.environ.get("KVCOST_E2E_RATE", "12"))
 MAX_NUM_SEQS = int(os.environ.get("KVCOST_E2E_MAX_NUM_SEQS", "2"))
 PHASES: dict[str, float] = {}
 
@@ -371,9 +371,10 @@ def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_bac
     assert other == [] and len(cut) >= 1 and len(rows) >= 1
     assert (down["reusable_tokens"], down["directory_stale"]) == (0, True)
     assert (back["reusable_tokens"], back["directory_stale"]) == (0, False)
-    after = asyncio.run(send_open_loop(exact.url, specs(hash_lists[:40], MAX_TOKENS, 1000, 1000), 10.0))
+    after_specs = specs(hash_lists[:40], MAX_TOKENS, 1000, 1000)
+    after = asyncio.run(send_open_loop(exact.url, after_specs, 10.0, id_prefix="after"))
     assert all(r.status == 200 and r.done and not r.error for r in after)
-    ids = ",".join(f"'e2e-{r.spec.index}'" for r in after if r.worker == 0)
+    ids = ",".join(f"'after-{r.spec.index}'" for r in after if r.worker == 0)
     rows = exact.requests(f"worker_id = 0 AND client_request_id IN ({ids}) AND outcome = 'ok'") if ids else []
     counts = agreement(rows)
     print(f"[e2e] after the restart, worker 0: {counts} of {len(rows)}")

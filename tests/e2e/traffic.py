@@ -111,11 +111,13 @@ class Result:
         return details.get("cached_tokens")
 
 
-async def send(client: httpx.AsyncClient, base_url: str, spec: Spec, headers: dict[str, str]) -> Result:
-    """Send one streamed request through the gateway and read the whole stream."""
+async def send(
+    client: httpx.AsyncClient, base_url: str, spec: Spec, headers: dict[str, str], id_prefix: str = "e2e"
+) -> Result:
+    """Send one streamed request through the gateway (client id ``<id_prefix>-<index>``) and read the stream."""
     result = Result(spec)
     started = time.perf_counter()
-    request_headers = {"x-request-id": f"e2e-{spec.index}", **headers}
+    request_headers = {"x-request-id": f"{id_prefix}-{spec.index}", **headers}
     try:
         async with client.stream("POST", base_url + spec.path, json=spec.body, headers=request_headers) as response:
             result.status = response.status_code
@@ -155,7 +157,7 @@ def _int_header(response: httpx.Response, name: str) -> int | None:
 
 
 async def send_open_loop(
-    base_url: str, all_specs: list[Spec], rate_per_s: float, headers: dict[str, str] | None = None
+    base_url: str, all_specs: list[Spec], rate_per_s: float, headers: dict[str, str] | None = None, id_prefix="e2e"
 ) -> list[Result]:
     """Send ``all_specs`` at a fixed arrival rate (open loop: arrivals do not wait for answers)."""
     limits = httpx.Limits(max_connections=None, keepalive_expiry=2.0)  # below the server's 5 s keep-alive
@@ -166,7 +168,7 @@ async def send_open_loop(
             delay = start + i / rate_per_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(client, base_url, spec, headers or {})))
+            tasks.append(asyncio.create_task(send(client, base_url, spec, headers or {}, id_prefix)))
         return list(await asyncio.gather(*tasks))
 
 
