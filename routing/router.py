@@ -84,6 +84,11 @@ class RouterSettings:
             On by default: it holds on any workload where a family's requests arrive
             faster than one is served (bursts, agent loops, busy conversations), and
             costs nothing where they do not (measurements: ``docs/routing-unseen-workloads.md``).
+        in_flight_min_ttl_s: an in-flight prefix is kept at least this long (seconds, ≥ 0) besides
+            :data:`IN_FLIGHT_TTL_FACTOR` predicted TTFTs. 0 in replays (the simulated engine runs
+            as its profile predicts); the service sets it (``ServiceSettings.in_flight_min_ttl_s``)
+            because a live engine may run far slower than the profile of the model and GPU
+            kvcost was told, and an entry is dropped anyway once the directory reports it stored.
     """
 
     policy: str = "cost_aware"
@@ -93,8 +98,11 @@ class RouterSettings:
     tiers: bool = False
     transfers: bool = False
     count_in_flight: bool = True
+    in_flight_min_ttl_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not self.in_flight_min_ttl_s >= 0:
+            raise ValueError(f"in_flight_min_ttl_s = {self.in_flight_min_ttl_s}, expected a number ≥ 0")
         if self.skew_window_requests < 1:
             raise ValueError(f"skew_window_requests = {self.skew_window_requests}, expected an integer ≥ 1")
         if not self.max_share_over_mean >= 0:
@@ -291,7 +299,8 @@ class Router:
         if calibrated is not None and self._records:
             self._remember_bound(request.request_id, float(calibrated.p90_s[index]))
         if self.in_flight is not None and self._records:
-            expires_s = now_s + IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index])
+            ttl_s = max(self.settings.in_flight_min_ttl_s, IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index]))
+            expires_s = now_s + ttl_s
             self.in_flight.add(namespaces[index], worker_ids[index], request.block_hashes, expires_s)
         return RouteDecision(
             request_id=request.request_id,

@@ -128,7 +128,9 @@ class Routing:
         self.step_models = dict(step_models)
         # analytic until the champion loads; the service reports any fallback itself (log, metric, /readyz)
         analytic = TermModelSet.analytic()
-        routing = RouterSettings(policy=settings.policy, tiers=settings.tiers)
+        routing = RouterSettings(
+            policy=settings.policy, tiers=settings.tiers, in_flight_min_ttl_s=settings.in_flight_min_ttl_s
+        )
         self.router = Router(directory, self.step_models, routing, analytic)
         # Scores come from a second router over the same directory and cost model with the
         # stateless cost_aware policy: /v1/score never touches the routing router's skew

@@ -122,6 +122,14 @@ class ServiceSettings(BaseSettings):
         description="vLLM KV event stream WORKER=tcp://HOST:PORT, or WORKER=PUB,REPLAY with the engine's replay "
         "socket (missed batches are then asked for again); one per worker (repeat the option)",
     )
+    in_flight_min_ttl_s: float = Field(
+        10.0,
+        ge=0,
+        le=3600,
+        description="a prefix routed to a worker counts as in flight (reusable by the next request) at least "
+        "this long unless the worker reports it stored sooner: live engines may run far slower than the profile "
+        "of --model on --gpu predicts",
+    )
     kv_replay_timeout_s: float = Field(
         2.0,
         gt=0,
