@@ -428,8 +428,18 @@ def test_in_flight_entry_leaves_once_the_directory_reports_it_stored(make_router
     assert router.in_flight.match(NS, [1, 2, 3, 4, 5], [0]) == [5]
 
 
-@pytest.mark.parametrize(("second_at_s", "blocks"), [(1.19, 3), (1.2, 0)])
-def test_in_flight_entry_expires_after_twice_its_predicted_ttft(make_router, make_snapshot, second_at_s, blocks):
-    # turn 1 routed at 1.0 s with predicted TTFT 0.1 s: forgotten at 1.0 + 2 × 0.1 = 1.2 s
-    decision = route_turns(make_router(count_in_flight=True), make_snapshot, second_at_s)
+@pytest.mark.parametrize(
+    ("min_ttl_s", "second_at_s", "blocks"), [(0.0, 1.19, 3), (0.0, 1.2, 0), (5.0, 5.99, 3), (5.0, 6.0, 0)]
+)
+def test_in_flight_entry_expires_after_twice_its_predicted_ttft_or_the_minimum(
+    make_router, make_snapshot, min_ttl_s, second_at_s, blocks
+):
+    # turn 1 routed at 1.0 s with predicted TTFT 0.1 s: forgotten at 1.0 + max(2 × 0.1, min_ttl_s)
+    router = make_router(count_in_flight=True, in_flight_min_ttl_s=min_ttl_s)
+    decision = route_turns(router, make_snapshot, second_at_s)
     assert decision.matches[0].reusable_blocks == blocks
+
+
+def test_a_negative_in_flight_minimum_is_refused():
+    with pytest.raises(ValueError, match="in_flight_min_ttl_s = -1, expected a number ≥ 0"):
+        RouterSettings(in_flight_min_ttl_s=-1)
