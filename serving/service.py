@@ -419,7 +419,7 @@ class ScoringService:
             self.metrics.observations.labels("unknown" if decision is None else "duplicate").inc()
             return None
         decision.observed = True  # the gateway is the only observer of its requests
-        row = _measured_row(measured, decision)
+        row = _request_row(measured, decision)
         future = self._writer.submit(request_batch(decision.run_id, [row]))
         self.metrics.observations.labels("recorded").inc()
         self._count_errors(measured, decision)
@@ -503,35 +503,14 @@ class MeasuredOutcome:
     outcome: str
 
 
-def _measured_row(m: MeasuredOutcome, d: DecisionRecord) -> RequestRow:
-    """The ``requests`` row of a gateway measurement: only TTFT and the queue are known of the terms."""
-    actual_s = (m.queue_s, None, None, None, None, m.ttft_s)
-    reuse = m.actual_reuse_tokens
-    return RequestRow(
-        request_id=m.request_id,
-        arrival_s=d.arrival_s,
-        worker_id=d.worker_id,
-        input_tokens=d.input_tokens,
-        output_tokens=m.output_tokens,
-        predicted_reuse_tokens=d.predicted_reuse_tokens,
-        actual_reuse_tokens=reuse,
-        predicted_s=d.predicted_s,
-        actual_s=actual_s,
-        tpot_s=m.tpot_s,
-        e2e_s=m.e2e_s,
-        directory_mismatch_tokens=None if reuse is None else max(0, d.predicted_reuse_tokens - reuse),
-        directory_reuse_tokens=m.directory_reuse_tokens,
-        client_request_id=m.client_request_id,
-        outcome=m.outcome,
-    )
-
-
-def _request_row(body: ObservationIn, d: DecisionRecord) -> RequestRow:
-    """The ``requests`` row of an observation joined to its decision.
+def _request_row(body: ObservationIn | MeasuredOutcome, d: DecisionRecord) -> RequestRow:
+    """The ``requests`` row of an observation (``/v1/observe``, or what the gateway measured) joined to its decision.
 
     Engines do not report where a prefix came from nor what a miss cost:
     ``mismatch_lost_s`` and ``served_by`` are NULL; the mismatch is known only
-    when the observation reports the reuse.
+    when the observation reports the reuse. A term the observation does not
+    carry (the gateway knows only the queue and TTFT) is NULL, as are the
+    gateway's columns for an ``/v1/observe`` observation.
     """
     actual_reuse = body.actual_reuse_tokens
     return RequestRow(
@@ -543,8 +522,11 @@ def _request_row(body: ObservationIn, d: DecisionRecord) -> RequestRow:
         predicted_reuse_tokens=d.predicted_reuse_tokens,
         actual_reuse_tokens=actual_reuse,
         predicted_s=d.predicted_s,
-        actual_s=tuple(getattr(body, f"{term}_s") for term in TERMS_AND_TTFT),
+        actual_s=tuple(getattr(body, f"{term}_s", None) for term in TERMS_AND_TTFT),
         tpot_s=body.tpot_s,
         e2e_s=body.e2e_s,
         directory_mismatch_tokens=None if actual_reuse is None else max(0, d.predicted_reuse_tokens - actual_reuse),
+        directory_reuse_tokens=getattr(body, "directory_reuse_tokens", None),
+        client_request_id=getattr(body, "client_request_id", None),
+        outcome=getattr(body, "outcome", None),
     )

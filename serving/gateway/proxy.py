@@ -63,6 +63,7 @@ from kvcost.serving.gateway.sse import (
     without_usage,
 )
 from kvcost.serving.gateway.tokenize import PromptTokenizer, TokenizeError
+from kvcost.serving.model_loading import one_line
 from kvcost.serving.service import MeasuredOutcome, ScoringService
 
 logger = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ class Gateway:
                     raise OpenAIError(502, message, "engine_error") from None
             except BaseException as exc:  # cancelled (the client left) or a bug: logged, never lost silently
                 cancelled = isinstance(exc, asyncio.CancelledError)
-                attempt.outcome = f"{'cancelled' if cancelled else 'failed'} before the first token: {_describe(exc)}"
+                attempt.outcome = f"{'cancelled' if cancelled else 'failed'} before the first token: {one_line(exc)}"
                 self._log(attempt, "cancelled" if cancelled else "engine_error", e2e=False)
                 raise
 
@@ -227,7 +228,7 @@ class Gateway:
         try:
             response = await self.client.send(request, stream=stream)
         except httpx.HTTPError as exc:
-            raise _EngineFailedError(attempt.worker_id, _describe(exc), isinstance(exc, _UNREACHABLE)) from None
+            raise _EngineFailedError(attempt.worker_id, one_line(exc), isinstance(exc, _UNREACHABLE)) from None
         if response.status_code >= 500:
             text = (await response.aread())[:300].decode(errors="replace")
             await response.aclose()
@@ -273,7 +274,7 @@ class Gateway:
         except (StopAsyncIteration, httpx.HTTPError) as exc:
             await response.aclose()
             ended = isinstance(exc, StopAsyncIteration)
-            reason = "the stream ended before the first token" if ended else _describe(exc)
+            reason = "the stream ended before the first token" if ended else one_line(exc)
             raise _EngineFailedError(attempt.worker_id, reason, isinstance(exc, _UNREACHABLE)) from None
         except BaseException:  # cancelled while waiting for the first token: the engine's request goes too
             asyncio.get_running_loop().create_task(response.aclose())
@@ -318,9 +319,9 @@ class Gateway:
         except httpx.HTTPError as exc:
             url = self.engines.urls[attempt.worker_id]
             message = f"engine {attempt.worker_id} ({url}) failed mid-stream after {attempt.chunks} chunks: "
-            error = OpenAIError(502, message + _describe(exc), "engine_error")
+            error = OpenAIError(502, message + one_line(exc), "engine_error")
             attempt.outcome, kind = error.message, "failed_mid_stream"
-            self.engines.failed(attempt.worker_id, _describe(exc))
+            self.engines.failed(attempt.worker_id, one_line(exc))
             yield error.event()
         finally:
             self._log(attempt, kind, e2e=kind == "ok")
@@ -423,8 +424,3 @@ def engine_cached_tokens(blocks: int, block_size_tokens: int, input_tokens: int)
 
 def _reusable(decision: RouteDecision, input_tokens: int) -> int:
     return min(input_tokens, int(decision.reusable_tokens[decision.chosen_index]))
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -86,8 +87,6 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvcost-overhead-"))
     model = work / "tiny-model"
-    import subprocess
-
     subprocess.run([str(ENGINE_VENV / "bin/python"), str(ROOT / "tests/e2e/tiny_model.py"), str(model)], check=True)
     engine = VLLMEngine(model, free_port(), free_port(), free_port(), num_gpu_blocks=2000, log_dir=work)
     start_all([engine], timeout_s=400)
