@@ -25,7 +25,11 @@ def test_serve_errors_name_the_option_not_the_settings_field(tmp_path, extra, me
 def served(monkeypatch):
     """``uvicorn.run`` replaced: the settings ``kvcost serve`` would run with, instead of a server."""
     runs = []
-    monkeypatch.setattr("uvicorn.run", lambda api, host, port, log_level: runs.append((host, port, log_level)))
+
+    def run(api, host, port, log_level, access_log, timeout_keep_alive, loop, http):
+        runs.append((host, port, log_level, access_log, timeout_keep_alive, loop, http))
+
+    monkeypatch.setattr("uvicorn.run", run)
     return runs
 
 
@@ -33,11 +37,12 @@ def test_environment_variables_set_the_service_and_options_win(tmp_path, served)
     env = {"KVCOST_PORT": "9000", "KVCOST_DB_PATH": str(tmp_path / "env.duckdb"), "KVCOST_MLFLOW_URI": None}
     result = runner.invoke(app, ["serve", "--analytic-only"], env=env)
     assert result.exit_code == 0, result.output
-    assert served == [("127.0.0.1", 9000, "info")]
+    assert served == [("127.0.0.1", 9000, "info", False, 75.0, "auto", "auto")]
     assert f"kvcost serve on http://127.0.0.1:9000 — log {tmp_path / 'env.duckdb'}, registry none" in result.output
-    result = runner.invoke(app, ["serve", "--analytic-only", "--port", "9100", "--log-level", "debug"], env=env)
+    options = ["--port", "9100", "--log-level", "debug", "--access-log", "--keep-alive-timeout-s", "30"]
+    result = runner.invoke(app, ["serve", "--analytic-only", *options], env=env)
     assert result.exit_code == 0, result.output
-    assert served[-1] == ("127.0.0.1", 9100, "debug")
+    assert served[-1] == ("127.0.0.1", 9100, "debug", True, 30.0, "auto", "auto")
 
 
 def test_the_registry_comes_from_the_option_the_variable_or_the_default(tmp_path, served):

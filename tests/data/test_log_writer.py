@@ -62,3 +62,20 @@ def test_log_writer_merges_array_and_list_columns_into_one_batch(tmp_path):
     got = store.connection.execute("SELECT run_id, t_s, worker_id FROM worker_samples ORDER BY t_s").fetchall()
     assert got == [("a", 1.0, 1), ("b", 2.0, 2)]
     store.close()
+
+
+def test_log_writer_lingers_asleep_until_an_urgent_write_or_stop(tmp_path):
+    """With an hour's linger, only an urgent write (then stop) can end the wait: if either did not, a
+    ``result`` below would time out."""
+    store = LogStore(tmp_path / "log.duckdb").open()
+    writer = LogWriter(store, linger_s=3600.0)
+    writer.start()
+    lazy = [writer.submit(_row("r", i)) for i in range(3)]
+    urgent = writer.submit(_row("r", 3), urgent=True)
+    assert [f.result(timeout=10) for f in (*lazy, urgent)] == [1, 1, 1, 1]
+    assert writer.batches == 1  # the urgent write took the lingering ones with it
+    last = writer.submit(_row("r", 4))
+    writer.stop()
+    assert last.result(timeout=0) == 1 and writer.batches == 2
+    assert store.connection.execute("SELECT count(*) FROM worker_samples").fetchone() == (5,)
+    store.close()

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -39,8 +40,12 @@ def _bodies(count: int) -> list[dict]:
     return bodies
 
 
-async def _interleaved(engine_url: str, gateway_url: str, rate_per_s: float, count: int) -> dict[str, list[float]]:
+async def _interleaved(
+    engine_url: str, gateway_url: str, rate_per_s: float, count: int
+) -> tuple[dict[str, list[float]], dict[str, Counter]]:
+    """TTFT (s) of each path's requests that streamed output, and each path's failures counted by message."""
     ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
+    failures: dict[str, Counter] = {"direct": Counter(), "gateway": Counter()}
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
         tasks = []
         start = time.perf_counter()
@@ -53,7 +58,9 @@ async def _interleaved(engine_url: str, gateway_url: str, rate_per_s: float, cou
             result = await task
             if result.ttft_s is not None and not result.error:
                 ttft[path].append(result.ttft_s)
-    return ttft
+            else:
+                failures[path][(result.error or f"HTTP {result.status}, no output")[:160]] += 1
+    return ttft, failures
 
 
 async def _tokenize_costs(engine_url: str, model_dir: Path, n: int) -> dict[str, float]:
@@ -99,12 +106,15 @@ def main() -> None:
     try:
         serve.start()
         cpu_before_s = _cpu_s(serve.process.pid)
-        ttft = asyncio.run(_interleaved(engine.base_url, serve.url, args.rate, args.requests))
+        ttft, failures = asyncio.run(_interleaved(engine.base_url, serve.url, args.rate, args.requests))
         gateway_cpu_s = _cpu_s(serve.process.pid) - cpu_before_s
         costs = asyncio.run(_tokenize_costs(engine.base_url, model, 200))
     finally:
         serve.stop()
         engine.stop()
+    for path, counts in failures.items():
+        for message, n in counts.most_common(5):
+            print(f"failed ({path}): {n} × {message}")
     p = {path: np.percentile(values, [50, 99]) * 1000 for path, values in ttft.items()}
     print(f"requests: {len(ttft['direct'])} direct, {len(ttft['gateway'])} through the gateway, {args.rate:g}/s")
     for path in ("direct", "gateway"):
