@@ -36,29 +36,91 @@ class LeastLoadedPolicy(RouterPolicy):
         return index, f"least outstanding work {ctx.load_tokens[index]:.0f} tokens"
 
 
+def memory_pressure(ctx: PolicyContext) -> np.ndarray:
+    """Each candidate's KV demand against its capacity, float64 ``(n,)`` in [0, 1].
+
+    Demand = blocks held by running requests (``kv_usage``) + prompt blocks of the requests
+    not yet admitted (``waiting_prompt_blocks``), over ``kv_capacity_blocks``; where the
+    capacity is unknown (0), ``kv_usage`` alone. Idle cached blocks are not demand: they are
+    what a new allocation evicts once the free blocks are gone.
+    """
+    usage = np.array([s.kv_usage for s in ctx.snapshots], dtype=np.float64)
+    capacity = np.array([s.kv_capacity_blocks for s in ctx.snapshots], dtype=np.float64)
+    waiting = np.array([s.waiting_prompt_blocks for s in ctx.snapshots], dtype=np.float64)
+    queued = np.divide(waiting, capacity, out=np.zeros_like(waiting), where=capacity > 0)
+    return np.clip(usage + queued, 0.0, 1.0)
+
+
+def duplicate_price_s(ctx: PolicyContext) -> np.ndarray:
+    """What routing the request to each candidate leaves behind, seconds ``(n,)``, ≥ 0.
+
+    Price = memory pressure × prefill seconds of the prefix tokens another candidate
+    holds and this one does not (``max(reusable) − reusable``, at this candidate's
+    predicted prefill seconds per uncached token). Sending a request where its prefix
+    family lives keeps one copy of the prefix; sending it elsewhere stores a second copy.
+    With free memory the copy costs nothing later (pressure ≈ 0). Under pressure it
+    displaces about as many cached blocks, and those are worth about what the copy
+    would cost to recompute: prefixes cached on the same worker by the same workload,
+    priced by the same step model. The price is then a recompute the fleet will likely
+    pay later. The holder pays 0, so a request leaves its family only when another
+    worker's TTFT is lower by more than that. It takes no fitted constant: pressure and
+    prefill seconds come from each snapshot and the cost model, so it holds across
+    workloads and fleets (the issue-13 grid of 5 workloads × 2 fleet sizes × 3 loads,
+    seeds 0 and 1: ``docs/routing-unseen-workloads.md``, with its ×0.5 / ×2 sweep).
+    """
+    reuse = ctx.reusable_tokens.astype(np.float64)
+    uncached = np.maximum(1.0, ctx.request.input_tokens - reuse)
+    per_token_s = ctx.predictions.prefill_s / uncached
+    return memory_pressure(ctx) * (reuse.max() - reuse) * per_token_s
+
+
 @ROUTER_POLICIES.register("cost_aware")
 class CostAwarePolicy(RouterPolicy):
-    """Lowest predicted TTFT on the critical path, among workers within the hot-spot skew limit.
+    """Lowest predicted TTFT on the critical path plus what the choice leaves behind, among workers
+    within the hot-spot skew limit.
 
     Weighs cache reuse (shorter prefill) against load (longer queue) through the
-    predicted terms, as in docs/architecture.md §1's hot/cold example.
+    predicted terms, as in docs/architecture.md §1's hot/cold example, and adds the
+    price of duplicating a prefix another worker holds (:func:`duplicate_price_s`).
+
+    Args:
+        seed: unused (ties go to the less loaded, then the lower index).
+        duplicate_price_weight: factor on :func:`duplicate_price_s` (≥ 0; 1 by default,
+            0 ranks by the predicted TTFT alone).
+
+    Raises:
+        ValueError: a negative or NaN ``duplicate_price_weight``.
     """
 
     name = "cost_aware"
     counts_in_flight = True
 
+    def __init__(self, *, seed: int = DEFAULT_SEED, duplicate_price_weight: float = 1.0) -> None:
+        super().__init__(seed=seed)
+        if not duplicate_price_weight >= 0:
+            raise ValueError(f"duplicate_price_weight = {duplicate_price_weight}, expected a number ≥ 0")
+        self.duplicate_price_weight = duplicate_price_weight
+
     def score_s(self, ctx: PolicyContext) -> np.ndarray:
-        """The TTFT each candidate is ranked by, seconds ``(n,)``: the composed predicted terms."""
-        return ctx.predictions.ttft_s
+        """What each candidate is ranked by, seconds ``(n,)``: the composed predicted terms plus
+        ``duplicate_price_weight`` × :func:`duplicate_price_s`."""
+        if self.duplicate_price_weight == 0:
+            return ctx.predictions.ttft_s
+        return ctx.predictions.ttft_s + self.duplicate_price_weight * duplicate_price_s(ctx)
 
     def choose(self, ctx: PolicyContext) -> tuple[int, str]:
-        """Candidate with the smallest predicted TTFT; ties to the less loaded, then lower index."""
-        ttft_s = self.score_s(ctx)
-        masked = np.where(ctx.allowed, ttft_s, np.inf)
+        """Candidate with the smallest score (:meth:`score_s`); ties to the less loaded, then lower index."""
+        score_s = self.score_s(ctx)
+        masked = np.where(ctx.allowed, score_s, np.inf)
         best = masked.min()
         ties = np.flatnonzero(masked == best)
         index = int(ties[np.argmin(ctx.load_tokens[ties])])
-        reason = f"min predicted TTFT {ttft_s[index] * 1e3:.1f} ms, reuse {ctx.reusable_tokens[index]} tokens"
+        ttft_s = ctx.predictions.ttft_s
+        price_ms = (score_s[index] - ttft_s[index]) * 1e3
+        reason = f"min predicted TTFT {ttft_s[index] * 1e3:.1f} ms"
+        if price_ms > 0:
+            reason = f"min predicted TTFT + duplicate price {ttft_s[index] * 1e3:.1f} + {price_ms:.1f} ms"
+        reason += f", reuse {ctx.reusable_tokens[index]} tokens"
         most_reuse = int(np.argmax(ctx.reusable_tokens))
         if most_reuse != index and ctx.reusable_tokens[most_reuse] > ctx.reusable_tokens[index]:
             why = "skew limit" if not ctx.allowed[most_reuse] else f"{ttft_s[most_reuse] * 1e3:.1f} ms"

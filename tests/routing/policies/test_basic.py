@@ -6,11 +6,12 @@ import pytest
 from kvcost.core.composition import TermPredictions
 from kvcost.core.types import Namespace, RouteRequest
 from kvcost.routing.policies import ROUTER_POLICIES, PolicyContext, make_policy
+from kvcost.routing.policies.basic import duplicate_price_s, memory_pressure
 
 REQUEST = RouteRequest(0, 0.0, 1000, (1,), Namespace("linear"))
 
 
-def context(make_snapshot, queue_s, prefill_s, reusable=None, load=None, allowed=None):
+def context(make_snapshot, queue_s, prefill_s, reusable=None, load=None, allowed=None, snapshot_fields=None):
     n = len(queue_s)
     zeros = np.zeros(n)
     predictions = TermPredictions(
@@ -22,7 +23,7 @@ def context(make_snapshot, queue_s, prefill_s, reusable=None, load=None, allowed
     )
     return PolicyContext(
         request=REQUEST,
-        snapshots=tuple(make_snapshot(10 + i) for i in range(n)),
+        snapshots=tuple(make_snapshot(10 + i, **(snapshot_fields or [{}] * n)[i]) for i in range(n)),
         reusable_tokens=np.array(reusable if reusable is not None else [0] * n, dtype=np.int64),
         predictions=predictions,
         load_tokens=np.array(load if load is not None else [0] * n, dtype=np.float64),
@@ -96,3 +97,46 @@ def test_cost_aware_ties_to_less_loaded_then_lower_index(make_snapshot):
     policy = make_policy("cost_aware")
     ctx = context(make_snapshot, [0.1, 0.1, 0.1], [0.0] * 3, load=[50.0, 20.0, 20.0])
     assert policy.choose(ctx) == (1, "min predicted TTFT 100.0 ms, reuse 0 tokens")
+
+
+def test_memory_pressure_is_running_plus_queued_blocks_over_capacity(make_snapshot):
+    fields = [
+        {"kv_usage": 0.5, "kv_capacity_blocks": 100, "waiting_prompt_blocks": 30},
+        {"kv_usage": 0.9, "kv_capacity_blocks": 100, "waiting_prompt_blocks": 50},  # clipped to 1
+        {"kv_usage": 0.25, "kv_capacity_blocks": 0, "waiting_prompt_blocks": 40},  # capacity unknown
+    ]
+    ctx = context(make_snapshot, [0.0] * 3, [0.0] * 3, snapshot_fields=fields)
+    assert memory_pressure(ctx).tolist() == [0.8, 1.0, 0.25]
+
+
+def test_duplicate_price_is_pressure_times_prefill_of_the_prefix_held_elsewhere(make_snapshot):
+    # 1000-token request; worker 0 holds 800 of it, worker 1 none (0.1 s to prefill all 1000 there)
+    fields = [{"kv_usage": 0.5}, {"kv_usage": 0.5}]
+    ctx = context(make_snapshot, [0.0, 0.0], [0.02, 0.1], reusable=[800, 0], snapshot_fields=fields)
+    assert duplicate_price_s(ctx) == pytest.approx([0.0, 0.5 * 800 * 0.1 / 1000], abs=1e-15)
+
+
+def test_cost_aware_keeps_the_prefix_holder_under_memory_pressure_only(make_snapshot):
+    # hot 250 + 20 ms holding 800 tokens, cold 30 + 180 ms: cold wins on TTFT (210 vs 270 ms)
+    free = context(make_snapshot, [0.25, 0.03], [0.02, 0.18], reusable=[800, 0])
+    assert make_policy("cost_aware").choose(free)[0] == 1
+    # the cold worker's KV is full of running requests: a second copy there costs 800 × 0.18 ms
+    full = [{}, {"kv_usage": 1.0}]
+    busy = context(make_snapshot, [0.25, 0.03], [0.02, 0.18], reusable=[800, 0], snapshot_fields=full)
+    assert make_policy("cost_aware").choose(busy) == (0, "min predicted TTFT 270.0 ms, reuse 800 tokens")
+    assert make_policy("cost_aware", duplicate_price_weight=0.0).choose(busy)[0] == 1
+    # the other way round: the holder is under pressure, the cold worker pays the price of its copy
+    both = [{"kv_usage": 1.0}, {"kv_usage": 0.25}]
+    ctx = context(make_snapshot, [0.25, 0.03], [0.02, 0.18], reusable=[800, 0], snapshot_fields=both)
+    index, reason = make_policy("cost_aware").choose(ctx)
+    assert index == 1
+    assert reason == (
+        "min predicted TTFT + duplicate price 210.0 + 36.0 ms, reuse 0 tokens; "
+        "best-hit worker 10 not chosen (270.0 ms)"
+    )
+
+
+@pytest.mark.parametrize("weight", [-0.5, float("nan")])
+def test_cost_aware_refuses_a_negative_duplicate_price_weight(weight):
+    with pytest.raises(ValueError, match=f"duplicate_price_weight = {weight}, expected a number ≥ 0"):
+        make_policy("cost_aware", duplicate_price_weight=weight)
