@@ -40,9 +40,10 @@ class LogWriter:
     observation someone waits for), a full batch or :meth:`stop` ends the wait,
     and everything queued by then is committed together. While it lingers the
     thread sleeps: a non-urgent write does not wake it (a wake-up per write
-    costs the submitting thread a GIL hand-off, ~0.3 ms each on a busy 2-core
-    machine, which the gateway pays twice per request). A write's future resolves to the rows written once
-    the commit has returned, or raises the error that rolled the batch back.
+    costs the submitting thread a GIL hand-off, which the gateway would pay
+    twice per request; docs/gateway.md). A write's future resolves to the rows
+    written once the commit has returned, or raises the error that rolled the
+    batch back.
     Every ``roll_interval_s`` (when given) and on stop, ``roll()`` runs on the
     same thread (it may read through the connection).
 
