@@ -28,8 +28,8 @@ def serve(
         float,
         typer.Option(
             min=1,
-            help="Close a client's idle keep-alive connection after this long. Longer than clients' own pool "
-            "expiry (httpx 5 s, aiohttp 15 s, Go 90 s on its side), so the client closes first.",
+            help="Close a client's idle keep-alive connection after this long. Keep it above the clients' own "
+            "pool expiry (httpx 5 s, aiohttp 15 s; Go's default is 90 s), so the client closes first.",
         ),
     ] = 75.0,
 ) -> None:
@@ -45,6 +45,7 @@ def serve(
     reuses it fails that request with a reset before it is read (httpx's pool also
     expires at 5 s, and a loaded event loop widens the window); a client-side expiry
     shorter than the server's avoids the race, as proxies advise for their upstreams.
+    Raise it above 90 s for Go clients (their default idle timeout).
     """
     import uvicorn
 

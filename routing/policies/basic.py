@@ -39,10 +39,11 @@ class LeastLoadedPolicy(RouterPolicy):
 def memory_pressure(ctx: PolicyContext) -> np.ndarray:
     """Each candidate's KV demand against its capacity, float64 ``(n,)`` in [0, 1].
 
-    Demand = blocks held by running requests (``kv_usage``) + prompt blocks of the requests
-    not yet admitted (``waiting_prompt_blocks``), over ``kv_capacity_blocks``; where the
-    capacity is unknown (0), ``kv_usage`` alone. Idle cached blocks are not demand: they are
-    what a new allocation evicts once the free blocks are gone.
+    Pressure = ``kv_usage`` (the fraction of blocks held by running requests) +
+    ``waiting_prompt_blocks`` (prompt blocks of the requests not yet admitted) ÷
+    ``kv_capacity_blocks``; where the capacity is unknown (0), ``kv_usage`` alone. Idle
+    cached blocks are not demand: they are what a new allocation evicts once the free
+    blocks are gone.
     """
     usage = np.array([s.kv_usage for s in ctx.snapshots], dtype=np.float64)
     capacity = np.array([s.kv_capacity_blocks for s in ctx.snapshots], dtype=np.float64)
