@@ -131,8 +131,7 @@ def test_cost_aware_keeps_the_prefix_holder_under_memory_pressure_only(make_snap
     index, reason = make_policy("cost_aware").choose(ctx)
     assert index == 1
     assert reason == (
-        "min predicted TTFT + duplicate price 210.0 + 36.0 ms, reuse 0 tokens; "
-        "best-hit worker 10 not chosen (270.0 ms)"
+        "min predicted TTFT + duplicate price 210.0 + 36.0 ms, reuse 0 tokens; best-hit worker 10 not chosen (270.0 ms)"
     )
 
 
