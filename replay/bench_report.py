@@ -113,6 +113,11 @@ def reading(rows: list[dict]) -> str:
     return " ".join(sentences)
 
 
+#: Points of max worker share by which a policy's load must be more skewed than the best one's for
+#: the reading to blame hot-worker queueing (5 points: a fifth of a worker's fair share on 4 workers).
+HOT_SHARE_MARGIN = 0.05
+
+
 def _hit_ratio_warnings(group: dict[str, dict]) -> list[str]:
     best = min(group.values(), key=lambda r: r["ttft_p99_s"])
     worse = [
@@ -123,10 +128,13 @@ def _hit_ratio_warnings(group: dict[str, dict]) -> list[str]:
     if not worse:
         return []
     top = max(worse, key=lambda r: r["hit_ratio"])
+    share, best_share = top["max_worker_share"], best["max_worker_share"]
+    # hot-worker queueing is named as the cause only where the load really is more skewed
+    why = "queueing on hot workers" if share > best_share + HOT_SHARE_MARGIN else "not one hot worker"
     return [
         f"Higher hit ratio, worse P99: {top['policy']} reuses {top['hit_ratio']:.1%} of tokens vs "
         f"{best['hit_ratio']:.1%} for {best['policy']} yet its P99 is {top['ttft_p99_s'] / best['ttft_p99_s']:.1f}× "
-        f"worse (max worker share {top['max_worker_share']:.0%}: queueing on hot workers)."
+        f"worse (max worker share {share:.0%} vs {best_share:.0%}: {why})."
     ]
 
 

@@ -62,7 +62,16 @@ def test_reading_flags_higher_hit_ratio_with_worse_p99():
     text = reading(rows)
     assert "best baseline dynamo_kv (P99 10.00 s)" in text
     assert "Higher hit ratio, worse P99: sglang_cache_aware reuses 12.0% of tokens vs 5.0% for dynamo_kv" in text
-    assert "3.0× worse (max worker share 70%" in text
+    assert "3.0× worse (max worker share 70% vs 30%: queueing on hot workers)." in text
+
+
+def test_reading_blames_hot_workers_only_where_the_load_is_more_skewed():
+    rows = [_row("cost_aware", 10.0, hit=0.847, share=0.306), _row("dualmap", 16.0, hit=0.853, share=0.261)]
+    add_ratios(rows)
+    assert reading(rows).endswith(
+        "Higher hit ratio, worse P99: dualmap reuses 85.3% of tokens vs 84.7% for cost_aware yet its P99 is "
+        "1.6× worse (max worker share 26% vs 31%: not one hot worker)."
+    )
 
 
 @pytest.mark.parametrize(
