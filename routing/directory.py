@@ -148,6 +148,7 @@ class CacheDirectory:
         self._namespaces_of: dict[int, set[Namespace]] = {}  # namespaces a worker ever stored into
         self._stale: set[int] = set()
         self._unknown: set[int] = set()  # workers whose engine cannot be reached: nothing of theirs is matched
+        self._clears: dict[int, int] = {}  # full clears (engine restarts) per worker
         # approximate mode: (namespace, worker) -> block hash -> last time routed, oldest first
         self._routed: dict[tuple[Namespace, int], OrderedDict[int, float]] = {}
 
@@ -314,7 +315,15 @@ class CacheDirectory:
         if tier is None:
             for key in [key for key in self._routed if key[1] == worker_id]:
                 del self._routed[key]
+            self._clears[worker_id] = self._clears.get(worker_id, 0) + 1
         self._last_event_s[worker_id] = now_s
+
+    def clears(self, worker_id: int) -> int:
+        """How many full :meth:`clear_worker` calls (every tier: an engine restart) ``worker_id`` has had, ≥ 0.
+
+        A router compares it with the count it last saw to forget what it sent to the old process.
+        """
+        return self._clears.get(worker_id, 0)
 
     def touch(self, worker_id: int, now_s: float) -> None:
         """Record that the directory heard from ``worker_id`` at ``now_s`` (restarts its entries' age)."""

@@ -186,6 +186,16 @@ class InFlightPrefixes:
                 dropped += 1
         return dropped
 
+    def forget_worker(self, worker_id: int) -> int:
+        """Drop every entry on ``worker_id`` in every namespace (its engine restarted: what was sent
+        to the old process will never be stored). Returns entries dropped."""
+        keys = [key for key in self._entries if key[1] == worker_id]
+        dropped = sum(len(self._entries[key]) for key in keys)
+        for key in keys:
+            del self._entries[key]
+            self._counts.pop(key, None)
+        return dropped
+
     def __len__(self) -> int:
         """Entries held, all workers."""
         return sum(len(entries) for entries in self._entries.values())

@@ -240,6 +240,7 @@ class Router:
         counts = settings.count_in_flight and self.policy.counts_in_flight
         own = InFlightPrefixes() if reads_from is None else reads_from.in_flight
         self.in_flight: InFlightPrefixes | None = own if counts else None
+        self._clears_seen: dict[int, int] = {}  # the directory's clears per worker when last routed
         self.interval = AdaptiveConformalScale() if reads_from is None else reads_from.interval
         self._served_p90_s: OrderedDict[int, float] = OrderedDict()
         self._records = reads_from is None  # in-flight prefixes and served bounds of what it routes
@@ -357,16 +358,25 @@ class Router:
     ) -> list[int]:
         """Leading blocks of the request in flight to each candidate (all 0 when not counted).
 
-        Expired entries go first; then, where some of the request's prefix is in flight to a
-        candidate, that candidate's entries the directory now reports stored (within the
-        request's own matched prefix) leave the index (elsewhere no entry can be confirmed
-        by this request's chain: chained hashes).
+        Expired entries go first, and those of a worker whose engine restarted since (the
+        directory cleared it); a worker whose engine does not answer (directory unknown) counts
+        none, as its directory entries count none. Then, where some of the request's prefix is
+        in flight to a candidate, that candidate's entries the directory now reports stored
+        (within the request's own matched prefix) leave the index (elsewhere no entry can be
+        confirmed by this request's chain: chained hashes).
         """
         if self.in_flight is None:
             return [0] * len(matches)
         self.in_flight.expire(now_s)
         blocks = []
         for match, namespace in zip(matches, namespaces, strict=True):
+            clears = self.directory.clears(match.worker_id)
+            if self._clears_seen.get(match.worker_id, 0) != clears:
+                self.in_flight.forget_worker(match.worker_id)
+                self._clears_seen[match.worker_id] = clears
+            if self.directory.is_unknown(match.worker_id):
+                blocks.append(0)
+                continue
             flying = self.in_flight.match(namespace, request.block_hashes, [match.worker_id])[0]
             if flying and match.reusable_blocks:  # only entries within this request's chain can matter here
                 self.in_flight.confirm(namespace, match.worker_id, request.block_hashes[: match.reusable_blocks])

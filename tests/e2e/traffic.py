@@ -172,6 +172,30 @@ async def send_open_loop(
         return list(await asyncio.gather(*tasks))
 
 
+async def measure_capacity_per_s(engine_urls: list[str], all_specs: list[Spec], per_engine_concurrency: int) -> float:
+    """Requests per second the engines complete together in a closed loop, sent straight to them (no gateway).
+
+    Each engine gets ``per_engine_concurrency`` senders that pull from one shared list of ``all_specs``
+    (send them with their own ``cache_salt`` so they share no prefix with the traffic that follows),
+    so both are busy until the list runs out. Raises ``AssertionError`` when a request fails: a capacity
+    measured on failures would be meaningless.
+    """
+    pending = list(reversed(all_specs))
+    done = 0
+
+    async def sender(client: httpx.AsyncClient, url: str) -> None:
+        nonlocal done
+        while pending:
+            result = await send(client, url, pending.pop(), {}, id_prefix="calibration")
+            assert result.status == 200 and result.done and not result.error, f"calibration request: {result}"
+            done += 1
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(sender(client, u) for u in engine_urls for _ in range(per_engine_concurrency)))
+        return done / (time.perf_counter() - start)
+
+
 @dataclass
 class EngineSampler:
     """Samples each engine's ``vllm:num_requests_waiting`` while traffic runs (the share of samples > 0)."""

@@ -39,3 +39,13 @@ def test_in_flight_prefixes_share_blocks_confirm_and_expire():
     assert index.match("ns", [1, 2, 3], [0]) == [0]
     assert index.match("other", [1, 2, 3], [0]) == [3]
     assert len(index) == 1
+
+
+def test_forget_worker_drops_its_entries_in_every_namespace_and_expiry_skips_them():
+    index = InFlightPrefixes()
+    index.add("a", 0, [1, 2], expires_s=5.0)
+    index.add("b", 0, [7], expires_s=5.0)
+    index.add("a", 1, [1, 2, 3], expires_s=5.0)
+    assert index.forget_worker(0) == 2
+    assert index.match("a", [1, 2, 3], [0, 1]) == [0, 3] and index.match("b", [7], [0]) == [0]
+    assert index.expire(6.0) == 1 and len(index) == 0

@@ -443,3 +443,20 @@ def test_in_flight_entry_expires_after_twice_its_predicted_ttft_or_the_minimum(
 def test_a_negative_in_flight_minimum_is_refused():
     with pytest.raises(ValueError, match="in_flight_min_ttl_s = -1, expected a number ≥ 0"):
         RouterSettings(in_flight_min_ttl_s=-1)
+
+
+def test_in_flight_prefixes_count_none_on_an_unreachable_engine_and_are_forgotten_on_a_restart(
+    make_router, make_snapshot
+):
+    directory = CacheDirectory()
+    router = make_router(directory, count_in_flight=True)
+    router.cost_model = FixedCostModel(queue_s=[0.0, 0.5], prefill_s=[0.1, 0.1])
+    router.route(request(1536, [1, 2, 3]), [make_snapshot(0), make_snapshot(1)], 1.0)  # to worker 0
+    snaps = [make_snapshot(0), make_snapshot(1)]
+    directory.mark_unknown(0)  # the engine stopped answering: what was sent there will not be stored
+    assert router.route(request(2560, [1, 2, 3, 4], 1), snaps, 1.1).reusable_tokens.tolist() == [0, 0]
+    directory.mark_known(0)  # the same process answers again: its requests (blocks 1-4, both sent there) still run
+    assert router.route(request(2560, [1, 2, 3, 4], 2), snaps, 1.2).reusable_tokens.tolist() == [2048, 0]
+    directory.clear_worker(0, now_s=1.3)  # a new process: every entry routed to worker 0 is dropped
+    assert router.route(request(2560, [1, 2, 3, 4], 3), snaps, 1.4).reusable_tokens.tolist() == [0, 0]
+    assert directory.clears(0) == 1 and directory.clears(1) == 0
