@@ -14,9 +14,11 @@ Mechanism follows vLLM v1 (``vllm/v1/core/block_pool.py`` and
 * when a request finishes its blocks are freed in *reverse* order, so the tail
   of a prefix is evicted before its head (vLLM frees ``reversed(blocks)``).
 
-Admission reserves blocks for the whole sequence (prompt + output) at once,
-so the simulator never preempts; a request that does not fit waits (FCFS
-head-of-line), which is how "active requests need the space" shows up.
+Blocks are allocated as vLLM v1 allocates them: the prompt's blocks at
+admission (a request that does not fit waits, FCFS head-of-line), then one
+block more whenever a decoding sequence fills its last one (:meth:`BlockPool.grow`).
+Nothing reserves the output in advance, so a decoder can find the pool full; the
+worker then preempts (:mod:`kvcost.replay.worker`), as vLLM does.
 
 Events (stored / removed block hashes) are returned to the caller, which
 delivers them to the cache directory, possibly late. With ``record_events``
@@ -162,7 +164,8 @@ class BlockPool:
 
         Args:
             full_block_hashes: hashes of the prompt's full blocks, in order.
-            total_blocks: blocks the whole sequence needs (prompt + output), ≥ len(full_block_hashes).
+            total_blocks: blocks the sequence needs now (its prompt, and the output it will
+                recompute after a preemption), ≥ len(full_block_hashes).
             now_s: admission time (simulated seconds), for the eviction policy and the history.
 
         Returns:
@@ -181,6 +184,22 @@ class BlockPool:
         evicted = self._evict(needed - self.free_blocks, now_s)
         self._private_blocks += needed
         return Allocation(list(reused_hashes), needed, reused), evicted
+
+    def grow(self, allocation: Allocation, n_blocks: int, now_s: float = 0.0) -> list[int] | None:
+        """Give a running request ``n_blocks`` more private blocks (a decoding sequence filled its last block).
+
+        Evicts idle cached blocks when no block is free, as vLLM's ``allocate_slots`` does.
+
+        Returns:
+            The evicted hashes, or None (and nothing changes) when even evicting every
+            idle block would not make room: the caller must free blocks first (preemption).
+        """
+        if self.free_blocks + len(self._idle) < n_blocks:
+            return None
+        evicted = self._evict(n_blocks - self.free_blocks, now_s)
+        self._private_blocks += n_blocks
+        allocation.private_blocks += n_blocks
+        return evicted
 
     def register_prefill(
         self, allocation: Allocation, full_block_hashes: Sequence[int], now_s: float = 0.0

@@ -15,6 +15,7 @@ from kvcost.replay.simulator import ReplayResult
 SUMMARY_KEYS: tuple[str, ...] = (
     "completed",
     "rejected",
+    "preemptions",
     "ttft_mean_s",
     "ttft_p50_s",
     "ttft_p90_s",
@@ -48,7 +49,8 @@ def _quantile(values: np.ndarray, q: float) -> float:
 def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     """Figures of one configuration.
 
-    ``rejected`` counts requests too large for any worker's KV capacity.
+    ``rejected`` counts requests too large for any worker's KV capacity; ``preemptions`` the
+    recompute preemptions of decoders that found the KV pool full (as vLLM preempts).
     ``hit_ratio`` is token-weighted: actually reused tokens / input tokens.
     ``max_worker_share`` is the largest fraction of requests any one worker
     served. ``utilisation`` is the mean over workers of the fraction of the
@@ -68,15 +70,17 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     """
     r = result.requests
     if r.empty:
-        counts = ("completed", "rejected", "directory_mismatch_tokens")
+        counts = ("completed", "rejected", "preemptions", "directory_mismatch_tokens")
         empty = {key: 0 if key in counts else float("nan") for key in SUMMARY_KEYS}
-        return {**empty, "rejected": result.rejected_requests, "served_by": dict.fromkeys(SERVED_BY, 0.0)}
+        empty.update(rejected=result.rejected_requests, preemptions=result.preemptions)
+        return {**empty, "served_by": dict.fromkeys(SERVED_BY, 0.0)}
     served = r["served_by"].value_counts(normalize=True)
     ttft = r["actual_ttft_s"].to_numpy()
     counts = np.bincount(r["worker_id"].to_numpy(), minlength=n_workers)
     return {
         "completed": int(len(r)),
         "rejected": int(result.rejected_requests),
+        "preemptions": int(result.preemptions),
         "ttft_mean_s": float(ttft.mean()),
         "ttft_p50_s": _quantile(ttft, 0.50),
         "ttft_p90_s": _quantile(ttft, 0.90),

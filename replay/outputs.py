@@ -31,6 +31,7 @@ def log_replay(
 _LABELS = {
     "completed": "completed",
     "rejected": "rejected (too large for KV)",
+    "preemptions": "preemptions (KV full)",
     "ttft_mean_s": "TTFT mean (s)",
     "ttft_p50_s": "TTFT P50 (s)",
     "ttft_p90_s": "TTFT P90 (s)",

@@ -55,6 +55,8 @@ class ReplayResult:
         makespan_s: first measured arrival → last completion.
         rejected_requests: requests whose whole sequence needs more KV blocks than
             the chosen worker has at all (they could never be admitted); not served.
+        preemptions: recompute preemptions (a decoder found no free KV block, vLLM's rule,
+            :mod:`kvcost.replay.worker`) from the first measured arrival on, all workers.
         retrains: online learning only: each retraining (``t_s``, ``rows``, ``trigger``).
         drift_alerts: online learning only: each drift alert (``t_s``, worker, term, message).
         served_coverage_90: ``{"coverage", "requests"}``: the share of measured requests whose TTFT
@@ -71,6 +73,7 @@ class ReplayResult:
     utilisation: np.ndarray
     makespan_s: float
     rejected_requests: int = 0
+    preemptions: int = 0
     retrains: tuple[dict, ...] = ()
     drift_alerts: tuple[dict, ...] = ()
     served_coverage_90: dict | None = None
@@ -409,6 +412,7 @@ class _Log:
             utilisation=np.minimum(busy / makespan_s, 1.0) if makespan_s > 0 else np.zeros(len(workers)),
             makespan_s=makespan_s,
             rejected_requests=self.rejected,
+            preemptions=sum(w.preemptions for w in workers),
             served_coverage_90=self._served_coverage(),
         )
 

@@ -20,6 +20,17 @@ Per-request actual terms (seconds), exact by construction:
 * F = first-token work after that step (sampling, detokenise, network);
 
 so TTFT = first token − arrival = Q + L + X + P + F.
+
+KV memory is allocated as vLLM v1 allocates it (``vllm/v1/core/sched/scheduler.py``,
+``kv_cache_manager.allocate_slots``): a request's prompt blocks at admission,
+then a block whenever a decoding sequence fills its last one; no output is
+reserved. When a decoder finds no block, the most recently admitted running
+request is preempted (its blocks freed, its prefix left cached), put back at
+the head of the waiting queue, and later recomputes its prompt and the output
+it had produced (vLLM's recompute preemption). A request preempted before its
+first token counts the lost time in Q (its last admission starts P); one
+preempted after it keeps its TTFT terms, and its recompute is load on the
+worker. ``preemptions`` counts them.
 """
 
 from __future__ import annotations
@@ -88,13 +99,28 @@ class SimRequest:
     fetch_hashes: tuple[int, ...] = ()  # blocks fetched over the network before admission
     transfer_s: float = 0.0  # arrival → fetched blocks in this worker's CPU memory
     mismatch_lost_s: float = 0.0  # nominal prefill of the promised-but-missing tokens
+    # preemption (vLLM's recompute): output tokens produced before the latest preemption, and how often
+    emitted_tokens: int = 0
+    preemptions: int = 0
+    admission_lookup_s: float = 0.0  # the latest admission's lookup (``lookup_s`` keeps the first token's)
+    next_block_step: int = -1  # decode step at which this decoding sequence needs its next block
+
+    @property
+    def sequence_tokens(self) -> int:
+        """Tokens a prefill computes: the prompt, plus the output produced before a preemption."""
+        return self.input_tokens + self.emitted_tokens
+
+    @property
+    def first_token_out(self) -> bool:
+        """The first token has been produced (a later preemption leaves the TTFT terms alone)."""
+        return self.emitted_tokens > 0
 
     @property
     def queued_tokens(self) -> int:
         """Prefill tokens still to compute (the predicted reuse counts before admission)."""
         if self.allocation is None:
-            return self.input_tokens - self.predicted_reuse_tokens
-        return self.input_tokens - self.computed_tokens
+            return self.sequence_tokens - self.predicted_reuse_tokens
+        return self.sequence_tokens - self.computed_tokens
 
     @property
     def served_by(self) -> str:
@@ -170,6 +196,9 @@ class SimWorker:
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: list[SimRequest] = []
         self._decoding: list[tuple[int, int, SimRequest]] = []
+        self._admitted: list[SimRequest] = []  # holding KV, in admission order (vLLM's ``running``)
+        self._growth: list[tuple[int, int, SimRequest]] = []  # (decode step, id, request): next block needed
+        self.preemptions = 0  # counted from ``measure_from_s``
         self.decode_steps = 0
         self.decode_context_tokens = 0
         self.queued_prefill_tokens = 0
@@ -249,6 +278,9 @@ class SimWorker:
         twin.waiting = deque(twins[id(r)] for r in self.waiting)
         twin.prefilling = [twins[id(r)] for r in self.prefilling]
         twin._decoding = [(f, i, twins[id(r)]) for f, i, r in self._decoding]
+        twin._admitted = [twins[id(r)] for r in self._admitted]
+        twin._growth = [(k, i, twins[id(r)]) for k, i, r in self._growth if id(r) in twins]
+        heapq.heapify(twin._growth)  # finished requests' stale entries are left out
         twin._chunks = [(twins[id(r)], n) for r, n in self._chunks]
         twin.events = []
         return twin
@@ -313,6 +345,7 @@ class SimWorker:
         idles until the first of them ends (an empty step).
         """
         self._wake(now_s)
+        self._grow_decoders(now_s)
         n_decode = len(self._decoding)
         budget = self.step_model.token_budget - n_decode
         chunks: list[tuple[SimRequest, int]] = []
@@ -322,7 +355,7 @@ class SimWorker:
                 break
             if math.isnan(request.queued_until_s):  # loaded from a lower tier: first chunk now
                 request.queued_until_s = now_s - request.lookup_s
-            n = min(request.input_tokens - request.computed_tokens, budget)
+            n = min(request.sequence_tokens - request.computed_tokens, budget)
             flops += self.step_model.prefill_attention_flops(n, request.computed_tokens)
             chunks.append((request, n))
             budget -= n
@@ -333,9 +366,10 @@ class SimWorker:
                 self.loading.append(request)
                 continue
             self.prefilling.append(request)
-            lookup_s = max(lookup_s, request.lookup_s)
-            request.queued_until_s = now_s
-            n = min(request.input_tokens - request.computed_tokens, budget)
+            lookup_s = max(lookup_s, request.admission_lookup_s)
+            if not request.first_token_out:
+                request.queued_until_s = now_s
+            n = min(request.sequence_tokens - request.computed_tokens, budget)
             flops += self.step_model.prefill_attention_flops(n, request.computed_tokens)
             chunks.append((request, n))
             budget -= n
@@ -366,7 +400,7 @@ class SimWorker:
         for request, n in self._chunks:
             request.computed_tokens += n
             self.queued_prefill_tokens -= n
-            if request.computed_tokens == request.input_tokens:
+            if request.computed_tokens == request.sequence_tokens:
                 self._finish_prefill(request, now_s, done)
         self._chunks = []
         self.step_end_s = None
@@ -374,15 +408,16 @@ class SimWorker:
 
     # -- internals -------------------------------------------------------------
     def _admit(self, request: SimRequest, now_s: float) -> bool:
-        """Reserve KV for ``request`` and find its prefix: GPU blocks are free, lower-tier ones are loaded.
+        """Allocate KV for ``request``'s sequence and find its prefix: GPU blocks are free, lower-tier ones are loaded.
 
         A request with blocks to load gets ``ready_s`` after ``now_s`` (the PCIe
         copy, queued behind earlier loads) and waits in ``loading``; its lookup
-        time ``L`` includes that wait.
+        time ``L`` includes that wait. A request readmitted after a preemption
+        that came after its first token keeps its TTFT terms.
         """
         n_full = request.input_tokens // self.block_size_tokens
         chain = request.full_block_hashes[:n_full]
-        total_blocks = -(-(request.input_tokens + request.output_tokens) // self.block_size_tokens)
+        total_blocks = -(-request.sequence_tokens // self.block_size_tokens)
         cpu_blocks = disk_blocks = gpu_blocks = 0
         if self.tiers is not None:  # found before the allocation's own evictions are demoted
             gpu_blocks = self.pool.match_blocks(chain)
@@ -391,31 +426,101 @@ class SimWorker:
         if allocation is None:
             return False
         if evicted:
-            self._tier_events(now_s, [("removed", "gpu", evicted)])
-            if self.tiers is not None:  # the prefix about to be loaded is the most recent: demote others first
-                matched = chain[gpu_blocks : gpu_blocks + cpu_blocks + disk_blocks]
-                self.tiers.cpu.touch(matched)
-                self.tiers.disk.touch(matched)
-                self._tier_events(now_s, self.tiers.put_cpu(evicted))
-                cpu_blocks, disk_blocks = self.tiers.match_below(chain, gpu_blocks)  # what is still there
+            cpu_blocks, disk_blocks = self._evicted(now_s, evicted, chain, gpu_blocks, cpu_blocks + disk_blocks)
         before = request.queued_tokens
         request.allocation = allocation
-        request.loaded_blocks = cpu_blocks + disk_blocks
-        reused_blocks = allocation.reused_blocks + request.loaded_blocks
-        request.reused_tokens = reusable_tokens_for(reused_blocks, self.block_size_tokens, request.input_tokens)
-        request.computed_tokens = request.reused_tokens
+        self._admitted.append(request)
+        loaded_blocks = cpu_blocks + disk_blocks
+        reused_blocks = allocation.reused_blocks + loaded_blocks
+        reused_tokens = reusable_tokens_for(reused_blocks, self.block_size_tokens, request.input_tokens)
+        request.computed_tokens = reused_tokens
         self.queued_prefill_tokens += request.queued_tokens - before
-        request.admitted_s = now_s
-        request.lookup_s = self.truth.costs.lookup_s(n_full)
-        if request.loaded_blocks:
+        lookup_s = self.truth.costs.lookup_s(n_full)
+        if loaded_blocks:
             loaded = chain[gpu_blocks:reused_blocks]
-            request.lookup_s += self.tiers.load(now_s, loaded, cpu_blocks, disk_blocks) - now_s
-            request.ready_s = now_s + request.lookup_s
+            lookup_s += self.tiers.load(now_s, loaded, cpu_blocks, disk_blocks) - now_s
+            request.ready_s = now_s + lookup_s
+        request.admission_lookup_s = lookup_s
+        if request.first_token_out:
+            return True
+        request.admitted_s = now_s
+        request.loaded_blocks = loaded_blocks
+        request.reused_tokens = reused_tokens
+        request.lookup_s = lookup_s
         request.first_token_overhead_s = self.truth.costs.first_token_s
         mismatch_tokens = max(0, request.predicted_reuse_tokens - request.reused_tokens)
-        if mismatch_tokens:
+        if mismatch_tokens and not request.preemptions:  # promised at the decision, missing at first admission
             request.mismatch_lost_s = self.step_model.prefill_alone_s(mismatch_tokens, request.reused_tokens)
         return True
+
+    def _evicted(self, now_s: float, evicted: list[int], chain=(), gpu_blocks: int = 0, below: int = 0):
+        """Report GPU evictions and demote them to the CPU tier; returns the request's ``(cpu, disk)`` blocks.
+
+        ``chain[gpu_blocks : gpu_blocks + below]`` is the prefix of the request being admitted found in
+        the lower tiers: it is about to be loaded, the most recent there, so others are demoted first.
+        """
+        self._tier_events(now_s, [("removed", "gpu", evicted)])
+        if self.tiers is None:
+            return 0, 0
+        matched = chain[gpu_blocks : gpu_blocks + below]
+        self.tiers.cpu.touch(matched)
+        self.tiers.disk.touch(matched)
+        self._tier_events(now_s, self.tiers.put_cpu(evicted))
+        return self.tiers.match_below(chain, gpu_blocks)  # what is still there
+
+    def _grow_decoders(self, now_s: float) -> None:
+        """Give each decoder that fills its last block in the coming step one more, preempting when none is left.
+
+        vLLM schedules its running requests in admission order and, when one finds no free
+        block, preempts the most recently admitted (``self.running.pop()``) until it fits
+        or is itself preempted.
+        """
+        upcoming = self.decode_steps + 1
+        while self._growth and self._growth[0][0] <= upcoming:
+            step, _, request = heapq.heappop(self._growth)
+            if step != request.next_block_step or not math.isnan(request.finish_s):
+                continue  # stale: preempted or finished since
+            if self._grow(request, now_s):
+                request.next_block_step = step + self.block_size_tokens
+                heapq.heappush(self._growth, (request.next_block_step, request.request_id, request))
+
+    def _grow(self, request: SimRequest, now_s: float) -> bool:
+        """One more block for ``request``; False when it was preempted itself to make room."""
+        while True:
+            evicted = self.pool.grow(request.allocation, 1, now_s)
+            if evicted is not None:
+                if evicted:
+                    self._evicted(now_s, evicted)
+                return True
+            victim = self._admitted[-1]
+            self._preempt(victim, now_s)
+            if victim is request:
+                return False
+
+    def _preempt(self, request: SimRequest, now_s: float) -> None:
+        """Free ``request``'s KV (its cached prefix stays cached) and put it back at the head of the queue."""
+        self._admitted.remove(request)
+        if request.next_block_step >= 0:  # decoding: it leaves the batch with the tokens it produced
+            self._decoding = [entry for entry in self._decoding if entry[2] is not request]
+            heapq.heapify(self._decoding)
+            self.decode_context_tokens -= request.decode_context_start + self.decode_steps - request.decode_start_step
+            request.emitted_tokens += 1 + self.decode_steps - request.decode_start_step
+            request.next_block_step = -1
+        elif request in self.prefilling:
+            self.prefilling.remove(request)
+        else:
+            self.loading.remove(request)
+        before = request.queued_tokens
+        self.pool.free(request.allocation, now_s)
+        request.allocation = None
+        request.computed_tokens = 0
+        self.queued_prefill_tokens += request.queued_tokens - before
+        if not request.first_token_out:
+            request.queued_until_s = math.nan
+        request.preemptions += 1
+        if now_s >= self.measure_from_s:
+            self.preemptions += 1
+        self.waiting.appendleft(request)
 
     def _tier_events(self, now_s: float, events: list[tuple[str, str, list[int]]]) -> None:
         for kind, tier, hashes in events:
@@ -423,21 +528,25 @@ class SimWorker:
 
     def _finish_prefill(self, request: SimRequest, now_s: float, done: list[SimRequest]) -> None:
         self.prefilling.remove(request)
-        request.prefill_end_s = now_s
+        if not request.first_token_out:
+            request.prefill_end_s = now_s
         n_full = request.input_tokens // self.block_size_tokens
         chain = request.full_block_hashes[:n_full]
         if self.pool.register_prefill(request.allocation, chain, now_s):
             reused = request.allocation.reused_blocks
             parent = chain[reused - 1] if reused else None
             self.events.append((now_s, "stored", list(chain[reused:]), parent, "gpu"))
-        if request.output_tokens <= 1:
+        remaining_steps = request.output_tokens - request.emitted_tokens - 1  # the prefill step made one
+        if remaining_steps <= 0:
             self._complete(request, now_s, done)
             return
         request.decode_start_step = self.decode_steps
-        request.decode_context_start = request.input_tokens + 1
+        request.decode_context_start = request.sequence_tokens + 1
         self.decode_context_tokens += request.decode_context_start
-        finish_step = self.decode_steps + request.output_tokens - 1
-        heapq.heappush(self._decoding, (finish_step, request.request_id, request))
+        heapq.heappush(self._decoding, (self.decode_steps + remaining_steps, request.request_id, request))
+        # decode step k writes the KV of token sequence + k - 1: a new block when that token opens one
+        request.next_block_step = self.decode_steps + (-request.sequence_tokens) % self.block_size_tokens + 1
+        heapq.heappush(self._growth, (request.next_block_step, request.request_id, request))
 
     def _advance_decode(self, now_s: float) -> list[SimRequest]:
         done: list[SimRequest] = []
@@ -453,6 +562,8 @@ class SimWorker:
 
     def _complete(self, request: SimRequest, now_s: float, done: list[SimRequest]) -> None:
         request.finish_s = now_s
+        request.next_block_step = -1
+        self._admitted.remove(request)
         self.pool.free(request.allocation, now_s)
         done.append(request)
 

@@ -171,12 +171,12 @@ def test_same_seed_same_result_other_seed_other_times():
 def eviction_trace() -> Trace:
     """One worker of 4 KV blocks (16 tokens each).
 
-    t=0: request 0 stores blocks 1, 2 (3 blocks with its output), finishes: idle [2, 1].
-    t=10: request 1 needs 4 blocks: evicts 2 and 1, stores 3, 4, 5.
+    t=0: request 0 stores blocks 1, 2 (its prompt; one output token needs no more), finishes: idle [2, 1].
+    t=10: request 1's 60-token prompt needs 4 blocks: evicts 2 and 1, stores 3, 4, 5.
     t=20: request 2 asks for 1, 2: gone. A directory that already heard of the store
     (t≈0 + lag) but not yet of the eviction (10 + lag) promises 2 blocks = 32 tokens.
     """
-    return make_trace([(0.0, 32, 1, (1, 2)), (10.0, 48, 1, (3, 4, 5)), (20.0, 40, 1, (1, 2, 6))])
+    return make_trace([(0.0, 32, 1, (1, 2)), (10.0, 60, 1, (3, 4, 5, 7)), (20.0, 40, 1, (1, 2, 6))])
 
 
 @pytest.mark.parametrize(

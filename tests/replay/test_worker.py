@@ -423,3 +423,53 @@ def test_prefill_busy_time_counts_steps_while_a_request_loads_its_prefix():
     drive(worker, [d, a])
     assert a.loaded_blocks == 2 and a.prefill_end_s > a.ready_s > 0.212
     assert worker.prefill_busy_s == approx(a.prefill_end_s)
+
+
+def test_kv_is_allocated_as_the_sequence_grows_not_reserved_for_the_output():
+    worker = make_worker(capacity_blocks=8)
+    a = req(0, 0.0, 45, 20, [1, 2, 3, 4, 5])  # 5 prompt blocks; 45 + 19 = 64 tokens of KV at most: 7 blocks
+    worker.enqueue(a)
+    end = worker.start_step(0.0)
+    assert worker.pool.used_blocks == 5  # the prompt only (vLLM's allocate_slots), not ceil(65 / 10) = 7
+    used = []
+    while worker.step_end_s is not None:
+        worker.finish_step(end)
+        used.append(worker.pool.used_blocks)
+        end = worker.start_step(end)
+    # decode step k writes the KV of token 45 + k − 1: blocks 6 and 7 open at k = 6 and k = 16
+    assert used == [5] * 6 + [6] * 10 + [7] * 3 + [0]
+    assert worker.preemptions == 0 and a.emitted_tokens == 0
+
+
+def test_a_decoder_that_finds_the_pool_full_preempts_the_latest_admitted_which_recomputes_later():
+    worker = make_worker(capacity_blocks=8)
+    a = req(0, 0.0, 20, 30, [1, 2, 3])  # step 1 alone: 2 prompt blocks, new blocks at its decode steps 1, 11, 21
+    b = req(1, 0.0, 35, 30, [11, 12, 13, 14])  # step 2: 4 prompt blocks, new blocks at decode steps 7, 17, 27
+    drive(worker, [a, b])
+    # decode step 11: a needs a 9th block; b, admitted last, is preempted after 1 + 9 tokens
+    assert (a.preemptions, b.preemptions, worker.preemptions) == (0, 1, 1)
+    assert b.emitted_tokens == 10 and b.sequence_tokens == 45
+    assert b.admitted_s == b.queued_until_s == a.prefill_end_s  # its TTFT terms are those of its first prefill
+    assert b.reused_tokens == 0 and b.prefill_end_s < a.finish_s
+    # b fits again only once a is done: its 3 cached prompt blocks were kept, so it recomputes 15 tokens
+    # after 30 of context (15 ms + 15 × 38 µs + 1 ms, lookup 10 + 3 ms), then decodes its 19 remaining
+    # tokens, a step each of 2 ms + 10 µs × context 46 … 64
+    recompute_s = 0.015 + 15 * 38e-6 + 0.001 + 0.013
+    assert b.finish_s == approx(a.finish_s + recompute_s + 19 * 0.002 + 1e-5 * sum(range(46, 65)))
+    # b then grows to 7 blocks, the 2nd of them evicting a's idle prompt tail (a freed its blocks tail first)
+    assert [e[2] for e in worker.events if e[1] == "removed"] == [[2]]
+    assert worker.pool.used_blocks == 0 and worker.decode_context_tokens == 0
+
+
+def test_a_request_preempted_during_its_prefill_counts_the_lost_time_in_its_queue_term():
+    worker = make_worker(capacity_blocks=53)
+    a = req(0, 0.0, 25, 30, [1, 2, 3])  # 3 blocks, a new one at decode steps 6, 16, 26
+    b = req(1, 0.04, 500, 1, range(100, 150))  # admitted at a's decode step 2: 50 blocks, chunks until step 7
+    done = drive(worker, [a, b])
+    assert done == [a, b]
+    assert b.preemptions == 1 and not b.first_token_out
+    assert b.admitted_s == b.queued_until_s == a.finish_s  # admitted again once a freed its blocks
+    q, lk, x, p, f = terms(b)
+    assert q == approx(a.finish_s - 0.04)
+    assert q + lk + x + p + f == approx(b.first_token_s - b.arrival_s)
+    assert b.reused_tokens == 0  # its chunks were not cached before its prefill ended
