@@ -60,6 +60,9 @@ class RequestRow(NamedTuple):
             without in-flight prefixes, capped as the engine caps a full hit (gateway); None in replays.
         client_request_id: the client's own id of the request (gateway); None in replays.
         outcome: ``ok``, or what ended the request, naming the engine (gateway); None in replays.
+        kv_wait_s: replay: the part of the queue term spent at the head of the queue, with prefill
+            budget left, waiting for KV memory, seconds; None from the gateway (no engine reports it).
+        preemptions: replay: times the request was preempted because KV memory ran out; None from the gateway.
     """
 
     request_id: int
@@ -79,6 +82,8 @@ class RequestRow(NamedTuple):
     directory_reuse_tokens: int | None = None
     client_request_id: str | None = None
     outcome: str | None = None
+    kv_wait_s: float | None = None
+    preemptions: int | None = None
 
 
 #: ``requests`` columns filled from a :class:`RequestRow` field of the same name, in schema order.

@@ -105,6 +105,13 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         ),
         Column("client_request_id", "VARCHAR", "the client's request id (gateway: X-Request-Id or request_id)"),
         Column("outcome", "VARCHAR", "gateway: ok, or what ended the request (naming the engine); NULL in replays"),
+        Column(
+            "kv_wait_s",
+            "DOUBLE",
+            "replay: time at the head of the queue, with prefill budget left, that KV memory kept the request "
+            "out before its first token, seconds (part of actual_queue_s); NULL from the gateway",
+        ),
+        Column("preemptions", "BIGINT", "replay: times the request was preempted (KV full); NULL from the gateway"),
     ),
     "candidates": (
         RUN_ID,

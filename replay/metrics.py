@@ -24,6 +24,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "hit_ratio",
     "reused_tokens_mean",
     "queue_p99_s",
+    "kv_wait_share",
     "max_worker_share",
     "directory_mismatch_tokens",
     "mismatch_lost_s",
@@ -52,6 +53,8 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     ``rejected`` counts requests too large for any worker's KV capacity; ``preemptions`` the
     recompute preemptions of decoders that found the KV pool full (as vLLM preempts).
     ``hit_ratio`` is token-weighted: actually reused tokens / input tokens.
+    ``kv_wait_share`` is the share of queue time spent waiting for KV memory at the head
+    of the queue (Σ ``kv_wait_s`` ÷ Σ ``actual_queue_s``, NaN without queueing).
     ``max_worker_share`` is the largest fraction of requests any one worker
     served. ``utilisation`` is the mean over workers of the fraction of the
     measured span during which the worker had a request waiting for its first
@@ -89,6 +92,7 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
         "hit_ratio": float(r["actual_reuse_tokens"].sum() / r["input_tokens"].sum()),
         "reused_tokens_mean": float(r["actual_reuse_tokens"].mean()),
         "queue_p99_s": _quantile(r["actual_queue_s"].to_numpy(), 0.99),
+        "kv_wait_share": _share(r["kv_wait_s"].sum(), r["actual_queue_s"].sum()),
         "max_worker_share": float(counts.max() / counts.sum()),
         "directory_mismatch_tokens": int(r["directory_mismatch_tokens"].sum()),
         "mismatch_lost_s": float(r["mismatch_lost_s"].sum()),

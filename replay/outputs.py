@@ -40,6 +40,7 @@ _LABELS = {
     "hit_ratio": "hit ratio (tokens)",
     "reused_tokens_mean": "reused tokens (mean)",
     "queue_p99_s": "queue P99 (s)",
+    "kv_wait_share": "queue time waiting for KV",
     "max_worker_share": "max worker share",
     "directory_mismatch_tokens": "directory mismatch (tokens)",
     "mismatch_lost_s": "mismatch prefill lost (s)",
@@ -52,7 +53,7 @@ def format_value(key: str, value) -> str:
     """Human form of a summary value (percentages for ratios, 3 decimals for seconds)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if key in ("hit_ratio", "max_worker_share", "utilisation", "promised_recomputed_share"):
+    if key in ("hit_ratio", "max_worker_share", "utilisation", "promised_recomputed_share", "kv_wait_share"):
         return f"{value:.1%}"
     if key.endswith("_s"):
         return f"{value:.3f}"

@@ -372,6 +372,8 @@ class _Log:
                 directory_mismatch_tokens=mismatch,
                 mismatch_lost_s=r.mismatch_lost_s,
                 served_by=r.served_by,
+                kv_wait_s=r.kv_wait_s,
+                preemptions=r.preemptions,
             )
             self.observed.append(CompletedRequest(row, features, p90_s, r.finish_s))
 

@@ -103,6 +103,9 @@ class SimRequest:
     emitted_tokens: int = 0
     preemptions: int = 0
     admission_lookup_s: float = 0.0  # the latest admission's lookup (``lookup_s`` keeps the first token's)
+    # time at the head of the queue, with prefill budget left, that KV memory kept it out (before its first token)
+    kv_wait_s: float = 0.0
+    kv_blocked_since_s: float = math.nan
     next_block_step: int = -1  # decode step at which this decoding sequence needs its next block
 
     @property
@@ -360,7 +363,7 @@ class SimWorker:
             chunks.append((request, n))
             budget -= n
         lookup_s = 0.0
-        while self.waiting and budget > 0 and self._admit(self.waiting[0], now_s):
+        while self.waiting and budget > 0 and self._admit_head(now_s):
             request = self.waiting.popleft()
             if request.ready_s > now_s:
                 self.loading.append(request)
@@ -407,6 +410,23 @@ class SimWorker:
         return done
 
     # -- internals -------------------------------------------------------------
+    def _admit_head(self, now_s: float) -> bool:
+        """Admit the head of the waiting queue (:meth:`_admit`), timing how long KV memory kept it out.
+
+        The head is blocked by memory, not by compute, when the step still has prefill budget for
+        it: that time, up to its first token, is its ``kv_wait_s`` (the ground truth of the router's
+        KV-wait estimate).
+        """
+        request = self.waiting[0]
+        if not self._admit(request, now_s):
+            if math.isnan(request.kv_blocked_since_s) and not request.first_token_out:
+                request.kv_blocked_since_s = now_s
+            return False
+        if not math.isnan(request.kv_blocked_since_s):
+            request.kv_wait_s += now_s - request.kv_blocked_since_s
+            request.kv_blocked_since_s = math.nan
+        return True
+
     def _admit(self, request: SimRequest, now_s: float) -> bool:
         """Allocate KV for ``request``'s sequence and find its prefix: GPU blocks are free, lower-tier ones are loaded.
 

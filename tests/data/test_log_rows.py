@@ -59,10 +59,10 @@ def test_request_rows_round_trip_through_duckdb_with_nulls(tmp_path):
     with LogStore(tmp_path / "log.duckdb").open() as store:
         got = store.connection.execute("SELECT * FROM requests ORDER BY request_id").fetchall()
     assert got[0] == ("r1", 5, 1.5, 2, 100, 10, 64, 32, 0.1, 0.0, 0.0, 0.5, 0.01, 0.61) + (
-        0.2, 0.0, 0.0, 0.6, 0.01, 0.81, None, 1.0, 32, 0.05, "local_hit", None, "chat-1", "ok",
+        0.2, 0.0, 0.0, 0.6, 0.01, 0.81, None, 1.0, 32, 0.05, "local_hit", None, "chat-1", "ok", None, None,
     )  # fmt: skip
     assert got[1] == ("r2", 7, 1.5, 2, 100, None, 64, None, 0.1, 0.0, 0.0, 0.5, 0.01, 0.61) + (
-        None, None, None, None, None, 0.3, 0.02, 1.0, None, None, None, None, None, None,
+        None, None, None, None, None, 0.3, 0.02, 1.0, None, None, None, None, None, None, None, None,
     )  # fmt: skip
 
 

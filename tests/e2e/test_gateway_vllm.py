@@ -57,9 +57,11 @@ REQUESTS = int(os.environ.get("KVCOST_E2E_REQUESTS", "400"))
 MAX_NUM_SEQS = int(os.environ.get("KVCOST_E2E_MAX_NUM_SEQS", "2"))
 #: The main run's arrival rate (open loop) is this load × the engines' capacity measured just before it
 #: on this machine (:func:`measure_capacity_per_s`), not a fixed rate: a fixed 12/s gave each engine
-#: 43 % waiting here and less than 20 % on one engine in one CI run. ``KVCOST_E2E_RATE`` fixes the rate.
-LOAD = float(os.environ.get("KVCOST_E2E_LOAD", "1.0"))
-CALIBRATION_REQUESTS = 64
+#: 43 % waiting here and less than 20 % on one engine in one CI run. Measured here, the capacity varied
+#: from 10.7 to 16.7 requests/s between runs and the waiting share at load 1 from 32 to 67 %; 1.1 leaves a
+#: margin over the asserted 20 %. ``KVCOST_E2E_RATE`` fixes the rate.
+LOAD = float(os.environ.get("KVCOST_E2E_LOAD", "1.1"))
+CALIBRATION_REQUESTS, CALIBRATION_WARM_UP = 96, 16
 PHASES: dict[str, float] = {}
 
 
@@ -200,7 +202,7 @@ def rate_per_s(engines) -> float:
         spec.body["cache_salt"] = "calibration"
     urls = [e.base_url for e in engines]
     with phase(f"measure the engines' capacity ({len(calibration)} requests, closed loop)"):
-        capacity = asyncio.run(measure_capacity_per_s(urls, calibration, 2 * MAX_NUM_SEQS))
+        capacity = asyncio.run(measure_capacity_per_s(urls, calibration, 2 * MAX_NUM_SEQS, CALIBRATION_WARM_UP))
     print(f"[e2e] capacity {capacity:.1f} requests/s → rate {LOAD:g} × capacity = {LOAD * capacity:.1f}/s", flush=True)
     return LOAD * capacity
 

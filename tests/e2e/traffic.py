@@ -172,14 +172,25 @@ async def send_open_loop(
         return list(await asyncio.gather(*tasks))
 
 
-async def measure_capacity_per_s(engine_urls: list[str], all_specs: list[Spec], per_engine_concurrency: int) -> float:
+async def measure_capacity_per_s(
+    engine_urls: list[str], all_specs: list[Spec], per_engine_concurrency: int, warm_up: int
+) -> float:
     """Requests per second the engines complete together in a closed loop, sent straight to them (no gateway).
 
     Each engine gets ``per_engine_concurrency`` senders that pull from one shared list of ``all_specs``
     (send them with their own ``cache_salt`` so they share no prefix with the traffic that follows),
-    so both are busy until the list runs out. Raises ``AssertionError`` when a request fails: a capacity
-    measured on failures would be meaningless.
+    so both are busy until the list runs out. The first ``warm_up`` requests are sent the same way but
+    not timed (a fresh engine's first requests are slower). Raises ``AssertionError`` when a request
+    fails: a capacity measured on failures would be meaningless.
     """
+    await _closed_loop(engine_urls, all_specs[:warm_up], per_engine_concurrency)
+    start = time.perf_counter()
+    done = await _closed_loop(engine_urls, all_specs[warm_up:], per_engine_concurrency)
+    return done / (time.perf_counter() - start)
+
+
+async def _closed_loop(engine_urls: list[str], all_specs: list[Spec], per_engine_concurrency: int) -> int:
+    """Send ``all_specs`` straight to the engines, ``per_engine_concurrency`` at a time each; returns how many."""
     pending = list(reversed(all_specs))
     done = 0
 
@@ -191,9 +202,8 @@ async def measure_capacity_per_s(engine_urls: list[str], all_specs: list[Spec], 
             done += 1
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
-        start = time.perf_counter()
         await asyncio.gather(*(sender(client, u) for u in engine_urls for _ in range(per_engine_concurrency)))
-        return done / (time.perf_counter() - start)
+    return done
 
 
 @dataclass

@@ -36,6 +36,8 @@ def _requests(ids, arrivals, queue_s):
     frame["directory_reuse_tokens"] = None
     frame["client_request_id"] = None
     frame["outcome"] = None
+    frame["kv_wait_s"] = 0.0
+    frame["preemptions"] = 0
     return frame
 
 

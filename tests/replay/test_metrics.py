@@ -28,8 +28,10 @@ def test_infinite_cache_hit_ratio_counts_full_block_prefixes_only():
 
 
 def _result(**columns) -> ReplayResult:
-    frame = pd.DataFrame(columns)
-    return ReplayResult(frame, pd.DataFrame(), pd.DataFrame(), np.array([0.5, 0.7]), 10.0, rejected_requests=1)
+    frame = pd.DataFrame({"kv_wait_s": 0.0} | columns)
+    return ReplayResult(
+        frame, pd.DataFrame(), pd.DataFrame(), np.array([0.5, 0.7]), 10.0, rejected_requests=1, preemptions=2
+    )
 
 
 def test_summarise_exact_figures():
@@ -37,6 +39,7 @@ def test_summarise_exact_figures():
         worker_id=[0, 0, 1, 0],
         actual_ttft_s=[1.0, 2.0, 3.0, 4.0],
         actual_queue_s=[0.0, 0.5, 1.0, 1.5],
+        kv_wait_s=[0.0, 0.0, 0.75, 0.0],
         tpot_s=[0.1, math.nan, 0.3, 0.2],
         input_tokens=[100, 100, 100, 100],
         actual_reuse_tokens=[0, 50, 50, 0],
@@ -47,7 +50,8 @@ def test_summarise_exact_figures():
     )
     s = summarise(result, n_workers=2)
     assert list(s) == list(SUMMARY_KEYS)
-    assert s["completed"] == 4 and s["rejected"] == 1
+    assert (s["completed"], s["rejected"], s["preemptions"]) == (4, 1, 2)
+    assert s["kv_wait_share"] == 0.25  # 0.75 s of 3 s of queue
     assert s["ttft_mean_s"] == 2.5 and s["ttft_p50_s"] == 2.5
     assert s["ttft_p99_s"] == pytest.approx(3.97)
     assert s["tpot_p50_s"] == pytest.approx(0.2)  # NaN (single-token outputs) ignored

@@ -203,6 +203,8 @@ def test_admission_blocked_while_kv_is_full_resumes_after_a_finish():
     assert b.admitted_s == a.finish_s and c.admitted_s == a.finish_s
     q, lk, x, p, f = terms(b)
     assert q == approx(0.099485)
+    # b led the queue with budget to spare from the end of a's prefill step: that part of Q waited for KV
+    assert (b.kv_wait_s, c.kv_wait_s) == (approx(0.109485 - 0.061035), 0.0)
     # b and c in one step: 60 tokens, pairs 55 × 28 + 5 × 3, lookup max(15, 10) ms
     assert b.prefill_end_s == approx(0.109485 + 0.06 + 0.006220 / 4 + 0.001 + 0.015)
     assert q + lk + x + p + f == approx(b.first_token_s - b.arrival_s)
