@@ -72,6 +72,15 @@ def reusable_tokens_for(reusable_blocks: int, block_size_tokens: int, input_toke
     return max(0, min(reusable_blocks * block_size_tokens, input_tokens - 1))
 
 
+def blocks_to_allocate(input_tokens: int, reusable_tokens: int, block_size_tokens: int) -> int:
+    """KV blocks a request allocates at admission: its prompt's blocks less the cached prefix it reuses, ≥ 0.
+
+    ``ceil(input_tokens / block_size_tokens) − floor(reusable_tokens / block_size_tokens)`` (the reused
+    prefix is whole blocks, already held; the partial last block is always new).
+    """
+    return max(0, -(-input_tokens // block_size_tokens) - reusable_tokens // block_size_tokens)
+
+
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
     """One request to route.
@@ -110,8 +119,9 @@ class WorkerSnapshot:
         step_remaining_s: time left in the step now running (0 when idle).
         kv_capacity_blocks: the worker's KV capacity in blocks (vLLM reports
             ``num_gpu_blocks``); 0 when unknown.
-        waiting_prompt_blocks: prompt blocks of the requests not yet admitted (they
-            need that much KV before their first chunk).
+        waiting_prompt_blocks: KV blocks the requests not yet admitted will allocate
+            before their first chunk: their prompt blocks, less the cached prefix the router
+            predicted for them where it is known (:func:`blocks_to_allocate`).
         oldest_waiting_s: how long the oldest not-yet-admitted request has waited.
         recent_step_nominal_s: what the GPU type's profile predicts for the last
             step's batch; ``recent_step_s`` ÷ this exposes stragglers. 0 if unknown.

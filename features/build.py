@@ -74,7 +74,8 @@ def feature_columns(
     age_s = np.array([m.age_s for m in matches], dtype=np.float64)
     capacity = snap["kv_capacity_blocks"]
     available = capacity - np.rint(snap["kv_usage"] * capacity)
-    deficit = np.where(capacity != 0, np.maximum(0.0, snap["waiting_prompt_blocks"] + blocks - available), 0.0)
+    new_blocks = -(-request.input_tokens // block_size) - reuse // block_size  # blocks_to_allocate, per candidate
+    deficit = np.where(capacity != 0, np.maximum(0.0, snap["waiting_prompt_blocks"] + new_blocks - available), 0.0)
     nominal = snap["recent_step_nominal_s"]
     with np.errstate(over="ignore"):  # a tiny nominal step gives inf, as Python's float division does
         ratio = np.divide(snap["recent_step_s"], nominal, out=np.ones(n), where=nominal > 0)
@@ -132,7 +133,15 @@ def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candid
         queue_s, prefill_s = queue_and_prefill_s(
             model, s.waiting_prefill, s.running_requests, s.decode_context_tokens, s.step_remaining_s, uncached, reuse
         )
-        kv_wait = kv_wait_s(deficit, s.decode_context_tokens, block_size, s.recent_step_s, costs.expected_decode_tokens)
+        kv_wait = kv_wait_s(
+            model,
+            deficit,
+            s.running_requests,
+            s.decode_context_tokens,
+            block_size,
+            costs.expected_decode_tokens,
+            s.queued_prefill_tokens,
+        )
         lookup_s = costs.lookup_s(blocks) + costs.load_s(load, disk, s.load_backlog_s)
         transfer_s = costs.transfer_s(fetched, s.transfer_backlog_s)
         transfer_s += conversion * costs.network.duration_s(fetched)

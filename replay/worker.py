@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvcost.core.hardware import StepTimeModel
-from kvcost.core.types import WorkerSnapshot, reusable_tokens_for
+from kvcost.core.types import WorkerSnapshot, blocks_to_allocate, reusable_tokens_for
 from kvcost.features.nominal import DEFAULT_FIRST_TOKEN_S, NominalCosts
 from kvcost.replay.kv_cache import Allocation, BlockPool
 from kvcost.replay.tiers import WorkerTiers
@@ -248,7 +248,10 @@ class SimWorker:
             recent_step_s=self.last_step_s,
             step_remaining_s=self._step_remaining_s(now_s),
             kv_capacity_blocks=self.pool.capacity_blocks,
-            waiting_prompt_blocks=sum(-(-r.input_tokens // self.block_size_tokens) for r in unadmitted),
+            waiting_prompt_blocks=sum(
+                blocks_to_allocate(r.sequence_tokens, r.predicted_reuse_tokens, self.block_size_tokens)
+                for r in unadmitted
+            ),
             oldest_waiting_s=now_s - min(r.arrival_s for r in unadmitted) if unadmitted else 0.0,
             recent_step_nominal_s=self.last_step_nominal_s,
             load_backlog_s=self.tiers.pcie.backlog_s(now_s) if self.tiers else 0.0,

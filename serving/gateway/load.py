@@ -19,10 +19,9 @@ Thread safety: the event loop only.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
-from kvcost.core.types import WorkerSnapshot
+from kvcost.core.types import WorkerSnapshot, blocks_to_allocate
 
 
 @dataclass(slots=True)
@@ -113,7 +112,7 @@ class SentLoad:
         waiting = tuple((s.prefill_tokens, s.context_tokens) for s in own if not s.decoding)
         decoding = [s for s in own if s.decoding]
         context = sum(s.context_tokens + s.prefill_tokens + s.generated_tokens for s in decoding)
-        own_blocks = sum(math.ceil((tokens + ctx) / block_size_tokens) for tokens, ctx in waiting)
+        own_blocks = sum(blocks_to_allocate(tokens + ctx, ctx, block_size_tokens) for tokens, ctx in waiting)
         if scraped is None:
             return WorkerSnapshot(
                 worker_id=worker_id,

@@ -69,10 +69,12 @@ def test_shape_and_exact_columns(case):
         "recent_step_s": [0.02, 0.0],
         "step_remaining_s": [0.005, 0.0],
         "kv_available_blocks": [6, 0],  # 8 − round(0.25 × 8); unknown capacity → 0
-        "kv_deficit_blocks": [1, 0],  # 5 queued + 2 own − 6 available
+        "kv_deficit_blocks": [1, 0],  # 5 queued + 2 own new (3 prompt blocks, 1 reused) − 6 available
         "oldest_waiting_s": [0.7, 0.0],
-        # 1 deficit block × 172 expected decode tokens × 0.02 s / max(1, 1000 / 512 held blocks)
-        "kv_wait_estimate_s": [1 * 172 * 0.02 / (1000 / 512), 0.0],
+        # 1 deficit block, 2 decoders of 1000 / 2 / 512 blocks each: both must finish, after 172 × (1/2 + 1)
+        # steps in expectation; 1 of them is the queue's own (1000 tokens, one chunk); the other 257 are
+        # decode-only steps of 2 tokens × 1 µs + 1 ms + 1000 context × 1 µs
+        "kv_wait_estimate_s": [257 * 0.002002, 0.0],
         "recent_step_ratio": [1.25, 1.0],  # 0.02 / 0.016; unknown nominal → 1
         "load_backlog_s": [0.0, 0.0],
         "transfer_backlog_s": [0.0, 0.0],

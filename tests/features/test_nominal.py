@@ -4,9 +4,11 @@ That model's step costs 1 µs per batch token + 1e-12 s per prefill attention
 token pair + 1 µs per decode context token + 1 ms overhead; budget 8192.
 """
 
+import math
+
 import pytest
 
-from kvcost.features.nominal import NominalCosts, queue_and_prefill_s
+from kvcost.features.nominal import NominalCosts, kv_wait_s, queue_and_prefill_s
 
 
 def nominal(model, uncached, reusable=0, waiting=(), running=0, decode_ctx=0, remaining_s=0.0):
@@ -88,3 +90,34 @@ def test_nominal_costs():
     assert costs.lookup_s(17) == pytest.approx(3.7e-4)
     assert costs.first_token_s == 2e-3
     assert NominalCosts(lookup_base_s=0.0, lookup_per_block_s=1e-3).lookup_s(4) == pytest.approx(4e-3)
+
+
+@pytest.mark.parametrize(
+    ("deficit_blocks", "queued_tokens", "steps"),
+    [
+        (0, 0, 0),  # the request fits now
+        (4, 0, 100 / 2),  # one of the 2 decoders (8 blocks each) must finish: 100 × 1/2 steps
+        (9, 0, 100 * (1 / 2 + 1)),  # both must finish
+        (9, 8190 * 3, 100 * (1 / 2 + 1) - 3),  # 3 of those steps are the queue's own chunks
+        (17, 0, 100 * (1 / 2 + 1) + 100 * 1 / 2),  # a third decoder's worth: at 2 per 100 steps after both
+    ],
+)
+def test_kv_wait_two_decoders_by_hand(linear_step_model, deficit_blocks, queued_tokens, steps):
+    # 2 decoders, 8 blocks of 16 tokens each (256 context tokens), mean 100 remaining tokens; a decode-only
+    # step: 2 tokens × 1 µs + 1 ms + 256 context × 1 µs
+    got = kv_wait_s(linear_step_model, deficit_blocks, 2, 256, 16, 100, queued_tokens)
+    assert got == pytest.approx(steps * 0.001258, abs=1e-12)
+
+
+def test_kv_wait_with_nothing_decoding_is_one_mean_decode_lifetime(linear_step_model):
+    # a 1-token step: 1 µs + 1 ms
+    assert kv_wait_s(linear_step_model, 3, 0, 0, 16, 100, 0) == pytest.approx(100 * 0.001001, abs=1e-12)
+
+
+def test_kv_wait_is_finite_and_fast_for_any_claimed_batch(linear_step_model):
+    # 10⁹ decoders of 62.5 blocks, all of which must finish: 100 × H(10⁹) steps, the harmonic number in
+    # its asymptotic form (no billion-term loop)
+    harmonic = math.log(10**9) + 0.5772156649015329 + 5e-10
+    step_s = linear_step_model.step_s(10**9, 0.0, 10**12)
+    got = kv_wait_s(linear_step_model, 62.5e9, 10**9, 10**12, 16, 100, 0)
+    assert got == pytest.approx(100 * harmonic * step_s, rel=1e-12)
