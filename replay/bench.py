@@ -246,12 +246,19 @@ def _trace(trace: str, rate_scale: float, duration_s: float | None, seed: int) -
 
 
 def run_cell(cell: BenchCell, trace: str, duration_s: float | None, seed: int, keep_samples: bool) -> dict:
-    """Replay one cell; returns its summary figures (and worker samples when asked)."""
+    """Replay one cell; returns its summary figures (and worker samples when asked).
+
+    A learned policy's row also holds ``served_coverage_90``: the share of its requests whose TTFT
+    was within the P90 bound served when they were routed, by a model trained only on earlier
+    requests (coverage on a later window, as a live fleet sees it); NaN for the others.
+    """
     config = ClusterConfig(fleet=("a100",) * cell.workers, seed=seed, router=RouterSettings(policy=cell.policy))
     online = OnlineSettings(retrain_every_s=ONLINE_RETRAIN_S) if ROUTER_POLICIES.get(cell.policy).learned else None
     result = replay(_trace(trace, cell.rate_scale, duration_s, seed), config, online=online)
     row = {"policy": cell.policy, "load": cell.load, "workers": cell.workers, "rate_scale": cell.rate_scale}
     row |= summarise(result, cell.workers)
+    served = result.served_coverage_90
+    row["served_coverage_90"] = served["coverage"] if served is not None else float("nan")
     if keep_samples:
         row["worker_samples"] = result.worker_samples
     return row

@@ -410,7 +410,7 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
             if scraper is not None:
                 await scraper.stop()
             if client is not None:
-                await client.aclose()
+                await client.close()
             if subscriber is not None:
                 subscriber.stop()
             service.stop()

@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -71,7 +71,9 @@ logger = logging.getLogger(__name__)
 #: The two OpenAI endpoints the gateway routes: path → tokenizer method.
 ENDPOINTS = {"/v1/completions": "completion_ids", "/v1/chat/completions": "chat_ids"}
 #: Transport failures after which an engine is taken as down (unknown in the directory), not merely failing.
-_UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout)
+_UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+#: Every transport failure of the engine leg (a read timeout is a ``TimeoutError``).
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 class _EngineFailedError(Exception):
@@ -109,7 +111,8 @@ class Gateway:
         engines: the engines' URLs and failure backoff.
         tokenizer: how prompts are tokenized.
         liveness: marks unreachable engines unknown in the directory.
-        client: HTTP client to the engines (timeouts set by the caller).
+        client: HTTP client to the engines (timeouts set by the caller:
+            :func:`~kvcost.serving.gateway.routes.engine_client`).
         gpu: GPU type of every engine (the service's default).
     """
 
@@ -119,7 +122,7 @@ class Gateway:
         engines: EnginePool,
         tokenizer: PromptTokenizer,
         liveness: EngineLiveness,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
         gpu: str,
     ) -> None:
         self.service = service
@@ -214,31 +217,44 @@ class Gateway:
 
     # ------------------------------------------------------------- forwarding
 
-    def _engine_request(self, path: str, body: dict[str, Any], attempt: _Attempt, stream: bool) -> httpx.Request:
+    def _engine_request(
+        self, path: str, body: dict[str, Any], attempt: _Attempt, stream: bool
+    ) -> tuple[str, bytes, dict[str, str]]:
+        """The engine's URL, the body to send and its headers."""
         if stream:
             options = dict(body.get("stream_options") or {})
             options["include_usage"] = True
             body = {**body, "stream_options": options}
         headers = {"content-type": "application/json", "x-request-id": attempt.client_id}
-        url = self.engines.urls[attempt.worker_id] + path
-        return self.client.build_request("POST", url, content=json.dumps(body).encode(), headers=headers)
+        return self.engines.urls[attempt.worker_id] + path, json.dumps(body).encode(), headers
 
-    async def _send(self, request: httpx.Request, attempt: _Attempt, stream: bool) -> httpx.Response:
-        """Send; a transport failure or a 5xx is :class:`_EngineFailedError` (retry elsewhere)."""
+    async def _send(self, request: tuple[str, bytes, dict[str, str]], attempt: _Attempt) -> aiohttp.ClientResponse:
+        """Send and read the response head; a transport failure or a 5xx is :class:`_EngineFailedError` (retry
+        elsewhere). The caller releases the response (``release()`` returns its connection to the pool,
+        ``close()`` drops it, which is how an engine learns that a request was abandoned)."""
+        url, data, headers = request
         try:
-            response = await self.client.send(request, stream=stream)
-        except httpx.HTTPError as exc:
+            response = await self.client.post(url, data=data, headers=headers)
+        except _TRANSPORT_ERRORS as exc:
             raise _EngineFailedError(attempt.worker_id, one_line(exc), isinstance(exc, _UNREACHABLE)) from None
-        if response.status_code >= 500:
-            text = (await response.aread())[:300].decode(errors="replace")
-            await response.aclose()
-            raise _EngineFailedError(attempt.worker_id, f"HTTP {response.status_code}: {text}", False)
+        if response.status >= 500:
+            try:
+                text = (await response.read())[:300].decode(errors="replace")
+            except _TRANSPORT_ERRORS as exc:
+                text = one_line(exc)
+            response.close()
+            raise _EngineFailedError(attempt.worker_id, f"HTTP {response.status}: {text}", False)
         return response
 
     async def _whole(self, path: str, body: dict[str, Any], attempt: _Attempt) -> Response:
-        response = await self._send(self._engine_request(path, body, attempt, stream=False), attempt, False)
-        content = response.content
-        if response.status_code < 400:
+        response = await self._send(self._engine_request(path, body, attempt, stream=False), attempt)
+        try:
+            content = await response.read()
+        except _TRANSPORT_ERRORS as exc:
+            response.close()
+            raise _EngineFailedError(attempt.worker_id, one_line(exc), False) from None
+        response.release()
+        if response.status < 400:
             self.engines.succeeded(attempt.worker_id)
             try:
                 answer = json.loads(content)
@@ -250,34 +266,34 @@ class Gateway:
             attempt.outcome = "ok"
             kind = "ok"
         else:
-            attempt.outcome = f"engine {attempt.worker_id} answered HTTP {response.status_code}"
+            attempt.outcome = f"engine {attempt.worker_id} answered HTTP {response.status}"
             kind = "client_error"
         self._log(attempt, kind, e2e=True)
-        return Response(content, response.status_code, self._headers(attempt), response.headers.get("content-type"))
+        return Response(content, response.status, self._headers(attempt), response.headers.get("content-type"))
 
     async def _stream(self, path: str, body: dict[str, Any], attempt: _Attempt, request: Request) -> Response:
         """Open the engine's stream and read it up to the first chunk with output, then stream to the client."""
         wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        response = await self._send(self._engine_request(path, body, attempt, stream=True), attempt, True)
-        if response.status_code >= 400:  # the engine refused the request itself: pass its answer on
-            content = await response.aread()
-            await response.aclose()
-            attempt.outcome = f"engine {attempt.worker_id} answered HTTP {response.status_code}"
+        response = await self._send(self._engine_request(path, body, attempt, stream=True), attempt)
+        if response.status >= 400:  # the engine refused the request itself: pass its answer on
+            content = await response.read()
+            response.release()
+            attempt.outcome = f"engine {attempt.worker_id} answered HTTP {response.status}"
             self._log(attempt, "client_error", e2e=False)
-            return Response(content, response.status_code, self._headers(attempt), response.headers.get("content-type"))
-        chunks = response.aiter_raw()
+            return Response(content, response.status, self._headers(attempt), response.headers.get("content-type"))
+        chunks = response.content.iter_any()
         reader = EventReader()
         head: list[Event] = []
         try:
             while not any(e.has_choices or e.done or (e.chunk and "error" in e.chunk) for e in head):
                 head.extend(reader.feed(await anext(chunks)))
-        except (StopAsyncIteration, httpx.HTTPError) as exc:
-            await response.aclose()
+        except (StopAsyncIteration, *_TRANSPORT_ERRORS) as exc:
+            response.close()
             ended = isinstance(exc, StopAsyncIteration)
             reason = "the stream ended before the first token" if ended else one_line(exc)
             raise _EngineFailedError(attempt.worker_id, reason, isinstance(exc, _UNREACHABLE)) from None
         except BaseException:  # cancelled while waiting for the first token: the engine's request goes too
-            asyncio.get_running_loop().create_task(response.aclose())
+            response.close()
             raise
         self.engines.succeeded(attempt.worker_id)
         events = self._forward(attempt, response, chunks, reader, head, wants_usage)
@@ -286,7 +302,7 @@ class Gateway:
     async def _forward(
         self,
         attempt: _Attempt,
-        response: httpx.Response,
+        response: aiohttp.ClientResponse,
         chunks: AsyncIterator[bytes],
         reader: EventReader,
         head: list[Event],
@@ -315,8 +331,8 @@ class Gateway:
             if done:
                 attempt.outcome, kind = "ok", "ok"
             else:
-                raise httpx.RemoteProtocolError("the stream ended without [DONE]")
-        except httpx.HTTPError as exc:
+                raise aiohttp.ClientPayloadError("the stream ended without [DONE]")
+        except _TRANSPORT_ERRORS as exc:
             url = self.engines.urls[attempt.worker_id]
             message = f"engine {attempt.worker_id} ({url}) failed mid-stream after {attempt.chunks} chunks: "
             error = OpenAIError(502, message + one_line(exc), "engine_error")
@@ -325,7 +341,10 @@ class Gateway:
             yield error.event()
         finally:
             self._log(attempt, kind, e2e=kind == "ok")
-            asyncio.get_running_loop().create_task(response.aclose())  # cancels the engine's request if unfinished
+            if done:
+                response.release()
+            else:
+                response.close()  # drops the connection: the engine aborts the unfinished request
 
     def _measure(self, attempt: _Attempt, event: Event) -> bool:
         """Read one event: first token, output chunks, usage. Returns whether it ends the stream."""

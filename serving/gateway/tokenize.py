@@ -26,10 +26,11 @@ Multimodal content and prompt embeddings are refused by the local tokenizer
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
+import aiohttp
 
 
 class TokenizeError(ValueError):
@@ -157,7 +158,7 @@ class EngineTokenizer:
 
     source = "engine"
 
-    def __init__(self, client: httpx.AsyncClient, base_url: str) -> None:
+    def __init__(self, client: aiohttp.ClientSession, base_url: str) -> None:
         self._client = client
         self.base_url = base_url
 
@@ -180,15 +181,18 @@ class EngineTokenizer:
         if "model" in body:
             payload["model"] = body["model"]
         try:
-            response = await self._client.post(f"{self.base_url}/tokenize", json=payload)
-        except httpx.HTTPError as exc:
+            async with self._client.post(f"{self.base_url}/tokenize", json=payload) as response:
+                status, text = response.status, await response.text(errors="replace")
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise TokenizeError(f"tokenizing through {self.base_url}/tokenize failed: {exc!r}", status=502) from None
-        if response.status_code >= 400:
+        if status >= 400:
             raise TokenizeError(
-                f"{self.base_url}/tokenize answered {response.status_code}: {response.text[:200]}",
-                status=400 if response.status_code < 500 else 502,
+                f"{self.base_url}/tokenize answered {status}: {text[:200]}", status=400 if status < 500 else 502
             )
-        tokens = response.json().get("tokens")
+        try:
+            tokens = json.loads(text).get("tokens")
+        except (ValueError, AttributeError):
+            tokens = None
         if not isinstance(tokens, list):
             raise TokenizeError(f"{self.base_url}/tokenize answered without a tokens list", status=502)
         return tokens

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import aiohttp
 import httpx
 import numpy as np
 
@@ -68,7 +69,7 @@ async def _tokenize_costs(engine_url: str, model_dir: Path, n: int) -> dict[str,
     completion = {"model": "tiny", "prompt": " ".join(block_text(h) for h in range(40))}
     chat = {"model": "tiny", "messages": [{"role": "user", "content": completion["prompt"]}]}
     costs = {}
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
         remote = EngineTokenizer(client, engine_url)
         for name, tokenizer in (("local", local), ("engine", remote)):
             for kind, body, call in (("completion", completion, "completion_ids"), ("chat", chat, "chat_ids")):
