@@ -19,11 +19,13 @@ from kvcost.core.plots import plot_holdout_ttft
 from kvcost.core.reporting import markdown_table, write_json
 from kvcost.data.store import TERMS_AND_TTFT
 from kvcost.models.mlflow_store import DEFAULT_TRACKING_URI, log_and_register
+from kvcost.models.shift import MAX_UNCHOSEN_PER_CHOSEN, choice_shift_weights
 from kvcost.models.term_set import TermModelSet
 from kvcost.models.training import (
     evaluate,
     feature_matrix,
     load_training_frame,
+    load_unchosen_features,
     split_by_time,
     train_term_set,
 )
@@ -52,12 +54,17 @@ def run_training(
 ) -> TrainingOutcome:
     """Train on the log ``db`` and (unless ``register`` is False) register a ``challenger`` version.
 
+    The training rows are importance-weighted toward every candidate logged for their requests
+    (:mod:`kvcost.models.shift`): the term models learn from the router's own choices only.
+
     Raises:
         FileNotFoundError, ValueError: missing log, no rows, bad fractions (messages name them).
     """
     frame = load_training_frame(db, run_ids)
     split = split_by_time(frame, train_fraction, calibration_fraction)
-    model_set = train_term_set(split, predictor)
+    unchosen = load_unchosen_features(db, split.train, MAX_UNCHOSEN_PER_CHOSEN * len(split.train))
+    weights = choice_shift_weights(feature_matrix(split.train), unchosen)
+    model_set = train_term_set(split, predictor, weights)
     evaluation = evaluate(model_set, split.holdout)
     config = {
         "db": str(db),

@@ -28,6 +28,7 @@ from kvcost.data.segments import connect_segments
 from kvcost.data.store import ACTUAL_COLUMN, ACTUAL_COLUMNS, TERMS_AND_TTFT
 from kvcost.features.spec import FEATURE_NAMES, feature_spec_hash
 from kvcost.models.predictors import make_term_predictor
+from kvcost.models.shift import effective_rows
 from kvcost.models.term_set import TermModelSet
 
 #: Rows with an actual value above this enter the MAPE (seconds).
@@ -84,6 +85,29 @@ def load_training_frame(db: str | Path, run_ids: Sequence[str] | None = None) ->
             f"db = {str(db)!r} has no completed requests for {runs} logged with feature spec {feature_spec_hash()}"
         )
     return frame
+
+
+def load_unchosen_features(db: str | Path, train: pd.DataFrame, limit: int) -> np.ndarray:
+    """Feature rows of the candidates not chosen for the requests of ``train`` (a slice of
+    :func:`load_training_frame`), at most ``limit`` (a seeded sample), float64 ``(m, len(FEATURE_NAMES))``.
+
+    The reference of the importance weights (:func:`~kvcost.models.shift.choice_shift_weights`).
+    Raises FileNotFoundError for a missing ``db`` (as :func:`load_training_frame`).
+    """
+    if not Path(db).exists():
+        raise FileNotFoundError(f"db = {str(db)!r} does not exist; run `kvcost experiment` to create a log")
+    if train.empty or limit <= 0:
+        return np.empty((0, len(FEATURE_NAMES)))
+    keys = pd.DataFrame({"run_id": train["run_id"].astype(str), "request_id": train["request_id"].astype("int64")})
+    feature_cols = ", ".join(f"c.{name}" for name in FEATURE_NAMES)
+    sql = f"""
+        SELECT {feature_cols} FROM candidates c JOIN keys k ON c.run_id = k.run_id AND c.request_id = k.request_id
+        WHERE NOT c.chosen ORDER BY hash(c.run_id, c.request_id, c.worker_id) LIMIT {int(limit)}
+    """
+    connect = connect_segments if Path(db).is_dir() else (lambda p: duckdb.connect(str(p), read_only=True))
+    with connect(db) as con:
+        con.register("keys", keys)
+        return con.execute(sql).df().to_numpy(dtype=np.float64)
 
 
 def split_by_time(frame: pd.DataFrame, train_fraction: float = 0.4, calibration_fraction: float = 0.2) -> TimeSplit:
@@ -147,8 +171,16 @@ def prediction_block(db: str | Path, run_ids: Sequence[str], predictor: str = "l
     }
 
 
-def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> TermModelSet:
+def train_term_set(
+    split: TimeSplit, predictor: str = "lightgbm", train_weights: np.ndarray | None = None, **params
+) -> TermModelSet:
     """Fit one ``predictor`` per term on ``split.train``, then the calibrators on ``split.calibration``.
+
+    ``train_weights`` (float64 ``(len(split.train),)``, ≥ 0, or None for equal weights) weight the
+    training rows of the term models, e.g. the importance weights of
+    :func:`~kvcost.models.shift.choice_shift_weights`; the calibrators are not weighted (they
+    calibrate the bounds served on chosen requests, which is where coverage is counted).
+    ``metadata["importance_weights"]`` records their effective rows and largest weight.
 
     A term is fitted on the training rows where it was observed (a live service's
     ``/v1/observe`` may report TTFT alone; its other terms are logged as NULL); the
@@ -187,9 +219,15 @@ def train_term_set(split: TimeSplit, predictor: str = "lightgbm", **params) -> T
             predictors[term] = make_term_predictor("analytic", term)
             unobserved[term] = "analytic"
             continue
-        predictors[term] = make_term_predictor(predictor, term, **params).fit(x_train[known], target[known])
+        weights = train_weights[known] if train_weights is not None else None
+        predictors[term] = make_term_predictor(predictor, term, **params).fit(x_train[known], target[known], weights)
     model_set = TermModelSet(predictors)
     model_set.metadata["unobserved_terms"] = unobserved
+    if train_weights is not None:
+        model_set.metadata["importance_weights"] = {
+            "effective_rows": effective_rows(train_weights),
+            "max_weight": float(np.max(train_weights)) if len(train_weights) else 0.0,
+        }
     iso_rows, conformal_rows = _halves(split.calibration)
     isotonic = IsotonicCalibrator().fit(
         model_set.predict(feature_matrix(iso_rows)).ttft_s, iso_rows["actual_ttft_s"].to_numpy()

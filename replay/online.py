@@ -28,6 +28,7 @@ from kvcost.calibration.drift import DriftMonitor
 from kvcost.data.log_rows import RequestRow
 from kvcost.data.store import ACTUAL_COLUMNS, TERMS_AND_TTFT
 from kvcost.features.spec import FEATURE_NAMES
+from kvcost.models.shift import choice_shift_weights
 from kvcost.models.term_set import TermModelSet
 from kvcost.models.training import TimeSplit, train_term_set
 from kvcost.routing.policies import RouterPolicy
@@ -43,12 +44,15 @@ class CompletedRequest(NamedTuple):
         features: float64 ``(len(FEATURE_NAMES),)``, the chosen candidate's feature row at decision time.
         p90_s: the calibrated P90 TTFT predicted at decision time, seconds (NaN when uncalibrated).
         finish_s: last token, replay seconds.
+        unchosen_features: float64 ``(n_candidates − 1, len(FEATURE_NAMES))``, the feature rows of the
+            candidates not chosen (the importance weights' reference, :mod:`kvcost.models.shift`).
     """
 
     row: RequestRow
     features: np.ndarray
     p90_s: float
     finish_s: float
+    unchosen_features: np.ndarray = np.empty((0, len(FEATURE_NAMES)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,9 @@ class OnlineSettings:
             requests, 86–500 s, where the learned policies then never or once retrained:
             kvcost issue 13). A geometric schedule in rows holds on any span and rate: it
             retrains while each training doubles the data, and costs O(total rows) in all.
+        importance_weighting: weight the training rows toward the distribution of every candidate
+            the router ranked (:func:`~kvcost.models.shift.choice_shift_weights`), the remedy for a
+            model trained only on its own choices.
     """
 
     retrain_every_s: float = 300.0
@@ -82,6 +89,7 @@ class OnlineSettings:
     retrain_on_drift: bool = True
     min_drift_interval_s: float = 120.0
     rows_growth: float = 2.0
+    importance_weighting: bool = True
 
     def __post_init__(self) -> None:
         if not self.retrain_every_s > 0:
@@ -160,13 +168,21 @@ class OnlineLearner:
         else:
             n_calib = max(10, int(len(frame) * self.settings.calibration_fraction))
             split = TimeSplit(frame.iloc[:-n_calib], frame.iloc[-n_calib:], frame.iloc[:0])
-            model_set = train_term_set(split, self.settings.predictor)
+            weights = self._weights(observations[: len(split.train)]) if self.settings.importance_weighting else None
+            model_set = train_term_set(split, self.settings.predictor, weights)
         self.monitor.reset_retrain_flag()
         self._drift_pending = False
         trigger = "drift" if drift else "schedule" if now_s >= self.next_retrain_s else "rows"
         self.retrains.append({"t_s": now_s, "rows": len(frame), "trigger": trigger})
         self.next_retrain_s = now_s + self.settings.retrain_every_s
         return model_set
+
+    @staticmethod
+    def _weights(observations: list[CompletedRequest]) -> np.ndarray:
+        """Importance weights of these training rows against their requests' unchosen candidates."""
+        chosen = np.vstack([o.features for o in observations])
+        unchosen = np.vstack([o.unchosen_features for o in observations])
+        return choice_shift_weights(chosen, unchosen)
 
 
 def observations_frame(observations: list[CompletedRequest]) -> pd.DataFrame:

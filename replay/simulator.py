@@ -325,7 +325,7 @@ class _Log:
         self.warmup_s = config.warmup_s
         self.cache_enabled = config.cache_enabled
         self.n_workers = n_workers
-        self.decisions: dict[int, tuple[int, np.ndarray, np.ndarray, float]] = {}
+        self.decisions: dict[int, tuple[int, np.ndarray, np.ndarray, float, np.ndarray]] = {}
         #: every measured request completed so far, in completion order (the online learner reads it)
         self.observed: list[CompletedRequest] = []
         self.candidates = CandidateLog()
@@ -341,14 +341,16 @@ class _Log:
         preds = decision.predictions.as_matrix()
         index = decision.chosen_index
         p90_s = float(decision.calibrated.p90_s[index]) if decision.calibrated is not None else math.nan
-        self.decisions[request.request_id] = (decision.worker_id, preds[index], decision.features[index], p90_s)
+        unchosen = np.delete(decision.features, index, axis=0)
+        chosen = decision.features[index]
+        self.decisions[request.request_id] = (decision.worker_id, preds[index], chosen, p90_s, unchosen)
         self.candidates.add(decision, preds)
 
     def complete(self, done: list[SimRequest]) -> None:
         for r in done:
             if r.request_id not in self.decisions:
                 continue
-            worker_id, pred, features, p90_s = self.decisions.pop(r.request_id)
+            worker_id, pred, features, p90_s, unchosen = self.decisions.pop(r.request_id)
             self.last_finish_s = max(self.last_finish_s, r.finish_s)
             queue_s = r.queued_until_s - r.arrival_s
             prefill_s = r.prefill_end_s - (r.queued_until_s + r.lookup_s)
@@ -375,7 +377,7 @@ class _Log:
                 kv_wait_s=r.kv_wait_s,
                 preemptions=r.preemptions,
             )
-            self.observed.append(CompletedRequest(row, features, p90_s, r.finish_s))
+            self.observed.append(CompletedRequest(row, features, p90_s, r.finish_s, unchosen))
 
     def sample(self, now: float, workers: list[SimWorker]) -> None:
         for w in workers:

@@ -14,6 +14,7 @@ from kvcost.models.training import (
     evaluate,
     feature_matrix,
     load_training_frame,
+    load_unchosen_features,
     split_by_time,
     train_term_set,
 )
@@ -154,3 +155,13 @@ def test_rows_observed_with_ttft_alone_train_only_the_calibration():
     prefill_s = model_set.predictors["prefill"].predict_many(feature_matrix(live.iloc[:5]))
     np.testing.assert_allclose(prefill_s, 0.25, atol=0.01)  # the analytic terms are 0 on these rows
     assert np.isnan(error_metrics(np.array([]), np.array([]))["mae_s"])
+
+
+def test_unchosen_features_are_the_rejected_candidates_of_the_training_requests(log, tmp_path):
+    frame = load_training_frame(log)
+    unchosen = load_unchosen_features(log, frame.iloc[:2], limit=10)  # requests 1 and 2: worker 1 was rejected
+    assert unchosen.shape == (2, len(FEATURE_NAMES))
+    assert sorted(unchosen[:, FEATURE_NAMES.index("nominal_queue_s")].tolist()) == [1.0, 2.0]
+    assert load_unchosen_features(log, frame.iloc[:2], limit=1).shape == (1, len(FEATURE_NAMES))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_unchosen_features(tmp_path / "missing.duckdb", frame, limit=10)

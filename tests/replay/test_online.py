@@ -109,3 +109,18 @@ def test_served_coverage_counts_every_request_routed_after_the_first_training():
     assert 0.0 <= served["coverage"] <= 1.0
     analytic = ClusterSimulator(replace(config, router=RouterSettings()), trace.block_size_tokens).run(trace)
     assert analytic.served_coverage_90 is None
+
+
+def test_training_rows_are_weighted_against_their_unchosen_candidates():
+    chosen = _observations(60)
+    rng = np.random.default_rng(1)
+    others = []
+    for o in chosen:  # each request had 3 rejected candidates, with longer predicted prefills
+        unchosen = np.zeros((3, len(FEATURE_NAMES)))
+        unchosen[:, FEATURE_INDEX["nominal_prefill_s"]] = rng.uniform(0.5, 3.0, 3)
+        others.append(o._replace(unchosen_features=unchosen))
+    weighted = OnlineLearner(OnlineSettings(min_rows=50)).maybe_retrain(others, now_s=10)
+    rows = weighted.metadata["importance_weights"]
+    assert 0 < rows["effective_rows"] < 48 and rows["max_weight"] > 1  # 48 training rows, unequal weights
+    plain = OnlineLearner(OnlineSettings(min_rows=50, importance_weighting=False)).maybe_retrain(others, now_s=10)
+    assert "importance_weights" not in plain.metadata
