@@ -140,7 +140,11 @@ def _read_line(result: Result, line: str, started: float) -> None:
     if data == "[DONE]":
         result.done = True
         return
-    chunk = json.loads(data)
+    try:
+        chunk = json.loads(data)
+    except ValueError:  # a cut stream: counted as a failure of this request, not a crash of the harness
+        result.error = f"malformed event after {result.chunks} chunks: {data[:120]!r}"
+        return
     if "error" in chunk:
         result.error = chunk["error"].get("message", str(chunk["error"]))
     if chunk.get("choices"):
