@@ -44,13 +44,15 @@ MAX_ID = 2**63 - 1
 #: Length of namespace strings.
 MAX_NAME_CHARS = 256
 
+# Numbers are strict: a JSON string or boolean where a number belongs is refused (422 naming the field),
+# never coerced (``"0.25"`` or ``true`` stored as seconds); an integer is a valid number of seconds.
 Id = Annotated[int, Strict(), Field(ge=0, le=MAX_ID)]
 Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
 Tokens = Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS)]
 TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
 BlockHash = Annotated[int, Strict(), Field(ge=0, lt=2**64)]
-Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
-Ratio = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Seconds = Annotated[float, Strict(), Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+Ratio = Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 _IN = ConfigDict(extra="forbid")
@@ -104,7 +106,7 @@ class RequestIn(BaseModel):
     block_hashes: Annotated[list[BlockHash], Field(max_length=MAX_TOKENS)] | None = Field(
         None, description="chained hashes of the prompt's full blocks, prompt order"
     )
-    arrival_s: Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] | None = Field(
+    arrival_s: Annotated[float, Strict(), Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] | None = Field(
         None, description="arrival time, epoch seconds; null = when the service received it"
     )
 
@@ -321,18 +323,18 @@ class EvictNodeIn(BaseModel):
     parent_id: Id | None = Field(None, description="node_id of its parent if that is also in this list, else null")
     depth_blocks: Count = Field(description="0-based position of the block in its prefix")
     hits: Count = Field(0, description="reuses since the block was stored")
-    last_access_s: Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
+    last_access_s: Annotated[float, Strict(), Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
         description="last reference or release, seconds on the caller's clock"
     )
-    created_s: Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
+    created_s: Annotated[float, Strict(), Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
         description="time stored, seconds on the caller's clock, ≤ last_access_s"
     )
-    size_bytes: Annotated[float, Field(ge=1, le=MAX_BLOCK_BYTES, allow_inf_nan=False)] = Field(
+    size_bytes: Annotated[float, Strict(), Field(ge=1, le=MAX_BLOCK_BYTES, allow_inf_nan=False)] = Field(
         description="KV bytes held"
     )
     prefill_saved_s: Seconds = Field(description="prefill seconds a hit on this block saves")
     restore_s: Seconds | None = Field(None, description="seconds to restore it if demoted; null = drop only")
-    flops_saved: Annotated[float, Field(ge=0, le=1e30, allow_inf_nan=False)] | None = Field(
+    flops_saved: Annotated[float, Strict(), Field(ge=0, le=1e30, allow_inf_nan=False)] | None = Field(
         None, description="FLOPs a hit saves (flop_aware); null = prefill_saved_s as the proxy"
     )
     category: Count = Field(0, description="request category code, 0 = unknown")
@@ -352,10 +354,10 @@ class EvictRankIn(BaseModel):
     policy: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)] = Field(
         description="eviction policy: lru, lfu, gdsf, lhd, flop_aware, cost_aware"
     )
-    now_s: Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
+    now_s: Annotated[float, Strict(), Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
         description="ranking time, seconds on the nodes' clock"
     )
-    horizon_s: Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)] = Field(
+    horizon_s: Annotated[float, Strict(), Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)] = Field(
         300.0,
         description="cost_aware's reuse horizon H of its recency prior exp(−idle/H); a service started with "
         "--reuse-model-dir uses that model's H instead",

@@ -246,6 +246,25 @@ def test_invalid_input_is_422_naming_the_field(client, path, value, loc, text):
         assert str(value) in detail["msg"]
 
 
+def test_strings_and_booleans_are_not_numbers(client):
+    # kvcost issue 15: this body was once recorded, true becoming 1.0 s and "0.25" 0.25 s
+    body = {"request_id": 55, "ttft_s": "0.25", "prefill_s": True, "queue_s": "1e-3", "e2e_s": False}
+    response = client.post("/v1/observe", json=body, headers=AUTH)
+    assert response.status_code == 422
+    assert sorted(d["loc"][-1] for d in response.json()["detail"]) == ["e2e_s", "prefill_s", "queue_s", "ttft_s"]
+    assert sorted(d["msg"] for d in response.json()["detail"]) == [
+        "Input should be a valid number, got '0.25'",
+        "Input should be a valid number, got '1e-3'",
+        "Input should be a valid number, got False",
+        "Input should be a valid number, got True",
+    ]
+    snapshot = _with(make_body(), ("candidates", 0, "snapshot", "recent_step_nominal_s"), False)
+    response = client.post("/v1/score", json=snapshot)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "candidates", 0, "snapshot", "recent_step_nominal_s"]
+    assert client.post("/v1/observe", json={"request_id": 55, "ttft_s": 1}, headers=AUTH).status_code != 422
+
+
 def test_malformed_json_is_422_saying_where(client):
     response = client.post("/v1/score", content='{"request": ', headers={"content-type": "application/json"})
     assert response.status_code == 422
