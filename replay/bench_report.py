@@ -57,7 +57,8 @@ def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str])
     parts += [
         f"Set-up: {header['trace']}, window {header['window']}, seed {header['seed']}, prefix cache on, "
         "A100-80GB workers serving Llama-3-8B. Utilisation is the share of time a worker had a request "
-        "waiting for its first token.",
+        "waiting for its first token. The best baseline is the lowest P99 of the nine anchor routers that "
+        "ran (not kvcost's own policies, `least_loaded` or `round_robin`).",
         "",
         *[f"![{p}]({p})" for p in plots],
         "",

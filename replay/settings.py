@@ -92,7 +92,9 @@ class ReplaySettings(BaseModel):
         "tokens (inf = off).",
     )
     skip_bad_lines: bool = Field(False, description="Skip malformed trace lines and report how many.")
-    out: Path | None = Field(None, description="Output folder (default runs/<UTC timestamp>).")
+    out: Path | None = Field(
+        None, description="Output folder (default runs/<UTC timestamp>; kvcost bench: runs/bench-<UTC timestamp>)."
+    )
     db: Path = Field(DEFAULT_LOG_PATH, description="DuckDB log, appended to.")
 
     def prepare_arguments(self) -> dict[str, object]:
