@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
 from kvcost.routing.compatibility import parse_layout
 
@@ -44,13 +44,24 @@ MAX_ID = 2**63 - 1
 #: Length of namespace strings.
 MAX_NAME_CHARS = 256
 
+
+def _integral(value: Any) -> Any:
+    """A float with no fractional part (``59.0``) as the integer it is: JSON Schema counts it as an
+    integer, so the published ``"type": "integer"`` admits it; anything else goes to the strict check."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
 # Numbers are strict: a JSON string or boolean where a number belongs is refused (422 naming the field),
-# never coerced (``"0.25"`` or ``true`` stored as seconds); an integer is a valid number of seconds.
-Id = Annotated[int, Strict(), Field(ge=0, le=MAX_ID)]
-Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
-Tokens = Annotated[int, Strict(), Field(ge=0, le=MAX_TOKENS)]
-TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
-BlockHash = Annotated[int, Strict(), Field(ge=0, lt=2**64)]
+# never coerced (``"0.25"`` or ``true`` stored as seconds); an integer is a valid number of seconds, and a
+# float with no fractional part a valid integer.
+StrictInteger = Annotated[int, BeforeValidator(_integral), Strict()]
+Id = Annotated[StrictInteger, Field(ge=0, le=MAX_ID)]
+Count = Annotated[StrictInteger, Field(ge=0, le=MAX_COUNT)]
+Tokens = Annotated[StrictInteger, Field(ge=0, le=MAX_TOKENS)]
+TokenId = Annotated[StrictInteger, Field(ge=0, lt=2**32)]
+BlockHash = Annotated[StrictInteger, Field(ge=0, lt=2**64)]
 Seconds = Annotated[float, Strict(), Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 Ratio = Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
@@ -68,7 +79,7 @@ class NamespaceIn(BaseModel):
     )
     revision: Name = Field("main", description="model weights revision")
     adapter: Name = Field("", description="LoRA adapter name, empty for none")
-    block_size_tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_BLOCK_SIZE_TOKENS)] | None = Field(
+    block_size_tokens: Annotated[StrictInteger, Field(ge=1, le=MAX_BLOCK_SIZE_TOKENS)] | None = Field(
         None, description="KV block size in tokens; null = the service's --block-size-tokens"
     )
     kv_layout: Name = Field("bf16-tp1", description="KV dtype and tensor-parallel split, '<dtype>-tp<N>'")
@@ -97,7 +108,7 @@ class RequestIn(BaseModel):
 
     request_id: Id = Field(description="caller's id; the key of /v1/observe")
     namespace: NamespaceIn
-    input_tokens: Annotated[int, Strict(), Field(ge=1, le=MAX_TOKENS)] | None = Field(
+    input_tokens: Annotated[StrictInteger, Field(ge=1, le=MAX_TOKENS)] | None = Field(
         None, description="prompt length; required with block_hashes, = len(token_ids) with token_ids"
     )
     token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKENS)] | None = Field(
@@ -352,7 +363,8 @@ class EvictRankIn(BaseModel):
     model_config = _IN
 
     policy: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)] = Field(
-        description="eviction policy: lru, lfu, gdsf, lhd, flop_aware, cost_aware"
+        description="eviction policy: lru, lfu, gdsf, lhd, flop_aware, cost_aware",
+        json_schema_extra=lambda schema: schema.update(enum=_eviction_policies()),
     )
     now_s: Annotated[float, Strict(), Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] = Field(
         description="ranking time, seconds on the nodes' clock"
@@ -367,11 +379,16 @@ class EvictRankIn(BaseModel):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
-        from kvcost.eviction import EVICTION_POLICIES
-
-        if value not in EVICTION_POLICIES:
-            raise ValueError(f"unknown eviction policy {value!r}, expected one of {', '.join(EVICTION_POLICIES)}")
+        if value not in _eviction_policies():
+            raise ValueError(f"unknown eviction policy {value!r}, expected one of {', '.join(_eviction_policies())}")
         return value
+
+
+def _eviction_policies() -> list[str]:
+    """The registered eviction policies' names (imported when first needed: the registry loads the models)."""
+    from kvcost.eviction import EVICTION_POLICIES
+
+    return list(EVICTION_POLICIES)
 
 
 class EvictNodeOut(BaseModel):

@@ -265,6 +265,15 @@ def test_strings_and_booleans_are_not_numbers(client):
     assert client.post("/v1/observe", json={"request_id": 55, "ttft_s": 1}, headers=AUTH).status_code != 422
 
 
+def test_integral_floats_are_integers_and_the_eviction_policy_is_an_enum(client):
+    # JSON Schema counts 59.0 as an integer, so the published "type": "integer" admits it
+    body = make_body()
+    body["request"]["request_id"] = 59.0
+    assert client.post("/v1/score", json=body).status_code == 200
+    policy = client.get("/openapi.json").json()["components"]["schemas"]["EvictRankIn"]["properties"]["policy"]
+    assert sorted(policy["enum"]) == ["cost_aware", "flop_aware", "gdsf", "lfu", "lhd", "lru"]
+
+
 def test_malformed_json_is_422_saying_where(client):
     response = client.post("/v1/score", content='{"request": ', headers={"content-type": "application/json"})
     assert response.status_code == 422
