@@ -115,7 +115,9 @@ class SimRequest:
 
     @property
     def first_token_out(self) -> bool:
-        """The first token has been produced (a later preemption leaves the TTFT terms alone)."""
+        """Whether it produced tokens before a preemption: its TTFT terms are then final and its
+        readmission leaves them alone. (False until a preemption, even while it decodes: only
+        preemption and readmission read it.)"""
         return self.emitted_tokens > 0
 
     @property

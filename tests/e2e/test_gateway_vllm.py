@@ -410,7 +410,15 @@ def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_bac
     assert other == [] and len(cut) >= 1 and len(rows) >= 1
     assert (down["reusable_tokens"], down["directory_stale"]) == (0, True)
     assert (back["reusable_tokens"], back["directory_stale"]) == (0, False)
-    after_specs = specs(hash_lists[:40], MAX_TOKENS, 1000, 1000)
+    # the prompts sent before the kill (a false hit on worker 0 would draw them there), interleaved with as many
+    # prompts no engine holds (their own salt): the router need not send the old ones to worker 0 (another worker
+    # may hold them, and copying them costs), but the fresh ones keep the restarted, idle worker 0 in use
+    old, fresh = specs(hash_lists[:40], MAX_TOKENS, 1000, 1000), specs(hash_lists[:40], MAX_TOKENS, 1000, 1)
+    for spec in fresh:
+        spec.body["cache_salt"] = "after-restart"
+    after_specs = [s for pair in zip(old, fresh, strict=True) for s in pair]
+    for i, spec in enumerate(after_specs):
+        spec.index = i
     after = asyncio.run(send_open_loop(exact.url, after_specs, 10.0, id_prefix="after"))
     assert all(r.status == 200 and r.done and not r.error for r in after)
     ids = ",".join(f"'after-{r.spec.index}'" for r in after if r.worker == 0)
