@@ -43,11 +43,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.models.reuse import load_reuse_model
@@ -59,6 +61,7 @@ from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError
 from kvcost.serving.eviction_wire import rank_request
 from kvcost.serving.gateway.routes import build_gateway, engine_client, openai, openai_error_response
 from kvcost.serving.gateway.sse import OpenAIError
+from kvcost.serving.model_loading import one_line
 from kvcost.serving.schemas import (
     MAX_ID,
     EvictRankIn,
@@ -303,6 +306,23 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return JSONResponse({"detail": errors, "message": message}, status_code=422)
 
 
+#: What FastAPI answers (400) when it cannot even decode a body: invalid UTF-8, or JSON nested too deep.
+_UNPARSED_BODY = "There was an error parsing the body"
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """A body FastAPI could not decode is a 422 in the service's shape, like any other invalid JSON,
+    naming the cause; every other HTTP error keeps FastAPI's own answer."""
+    if exc.status_code != 400 or exc.detail != _UNPARSED_BODY:
+        return await http_exception_handler(request, exc)
+    cause = exc.__cause__
+    why = "nested too deep" if isinstance(cause, RecursionError) else one_line(cause) if cause else "unreadable"
+    if isinstance(cause, UnicodeDecodeError):
+        why = f"not UTF-8 (byte {cause.start})"
+    detail = [{"loc": ["body"], "msg": f"body is not valid JSON ({why})", "type": "json_invalid"}]
+    return JSONResponse({"detail": detail, "message": detail[0]["msg"]}, status_code=422)
+
+
 async def _field_error(request: Request, exc: FieldError) -> JSONResponse:
     loc = ["body", *exc.loc]
     detail = [{"loc": loc, "msg": exc.message, "type": "value_error"}]
@@ -426,6 +446,7 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     app.state.reuse_model = reuse_model
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(FieldError, _field_error)
     app.add_exception_handler(UnknownRequestError, _status_handler(404))
     app.add_exception_handler(ConflictError, _status_handler(409))

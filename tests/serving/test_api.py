@@ -281,6 +281,18 @@ def test_malformed_json_is_422_saying_where(client):
     assert response.json()["message"].startswith("body is not valid JSON (at character 12")
 
 
+def test_bodies_that_cannot_be_decoded_are_422_saying_why(client):
+    # FastAPI answers these with an undocumented 400 "There was an error parsing the body" (kvcost issue 15)
+    bad_utf8 = client.post("/v1/score", content=b'{"request": "\xff"}', headers={"content-type": "application/json"})
+    deep = client.post("/v1/score", content="[" * 1000 + "]" * 1000, headers={"content-type": "application/json"})
+    assert (bad_utf8.status_code, deep.status_code) == (422, 422)
+    assert bad_utf8.json()["message"] == "body is not valid JSON (not UTF-8 (byte 13))"
+    assert deep.json()["detail"] == [
+        {"loc": ["body"], "msg": "body is not valid JSON (nested too deep)", "type": "json_invalid"}
+    ]
+    assert client.get("/v1/nowhere").status_code == 404  # other HTTP errors keep FastAPI's answer
+
+
 def test_non_finite_numbers_are_422(client):
     text = json.dumps(make_body()).replace('"snapshot": {}', '"snapshot": {"recent_step_s": NaN}')
     response = client.post("/v1/score", content=text, headers={"content-type": "application/json"})
