@@ -23,6 +23,8 @@ def retrain(
 
     ``--db`` is the DuckDB log, or — while another process writes it — the folder of
     closed Parquet segments its writer rolls (``runs/kvcost-segments`` for ``runs/kvcost.duckdb``).
+    Exit status (with ``--iterations``): 0 when the last round's challenger was promoted, 1 when
+    the gate refused it, 3 when a round could not read the log (2: bad options).
     """
     from kvcost.models.train_job import retrain_loop
 
@@ -30,4 +32,9 @@ def retrain(
         lambda: retrain_loop(db, every_s=every_s, iterations=iterations, mlflow_uri=mlflow_uri, report=console.print)
     )
     promoted = sum(r["promoted"] for r in history)
-    console.print(f"{len(history)} round(s), {promoted} promotion(s)")
+    unread = sum(r["version"] is None for r in history)
+    console.print(f"{len(history)} round(s), {promoted} promotion(s), {unread} with the log not readable")
+    if unread:
+        raise typer.Exit(code=3)
+    if history and not history[-1]["promoted"]:
+        raise typer.Exit(code=1)

@@ -182,7 +182,8 @@ def retrain_loop(
     nothing stops the loop but ``iterations``. ``sleep`` is injected for tests.
 
     Returns:
-        One record per round: ``round``, ``version``, ``promoted``, ``message``.
+        One record per round: ``round``, ``version`` (None when the log could not be read),
+        ``promoted``, ``message``.
     """
     if not every_s > 0:
         raise ValueError(f"every_s = {every_s}, expected a number > 0")
@@ -206,6 +207,9 @@ def _retrain_round(db: Path, round_no: int, mlflow_uri: str | None, out: Path, r
         report(message)
         return {"round": round_no, "version": None, "promoted": False, "message": message}
     result = promote(mlflow_uri, outcome.version)
-    message = f"round {round_no}: {result.message} (TTFT MAE {result.challenger['ttft_mae_s']:.4f} s)"
+    maes = f"TTFT MAE on the challenger's holdout: challenger {result.challenger['ttft_mae_s']:.4f} s"
+    if result.champion is not None:
+        maes += f", champion {result.champion['ttft_mae_s']:.4f} s"
+    message = f"round {round_no}: {result.message} ({maes})"
     report(message)
     return {"round": round_no, "version": outcome.version, "promoted": result.promoted, "message": message}

@@ -1,0 +1,32 @@
+"""Tests for ``kvcost retrain``'s exit status (kvcost issue 15: it exited 0 with the log unreadable)."""
+
+from typer.testing import CliRunner
+
+from kvcost.cli import app
+
+
+def test_an_unreadable_log_exits_3(tmp_path):
+    args = ["retrain", "--every-s", "1", "--iterations", "1", "--db", str(tmp_path / "missing.duckdb")]
+    args += ["--mlflow-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 3, result.output
+    assert "round 1: log not readable" in result.output
+    assert "1 round(s), 0 promotion(s), 1 with the log not readable" in result.output
+
+
+def test_a_refused_challenger_exits_1_and_prints_both_maes(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from kvcost.models import mlflow_store, train_job
+
+    refused = mlflow_store.Promotion(
+        False, "2", {"ttft_mae_s": 0.5}, {"ttft_mae_s": 0.25}, "version 2 refused: worse than champion"
+    )
+    monkeypatch.setattr(train_job, "run_training", lambda db, **kw: SimpleNamespace(version="2"))
+    monkeypatch.setattr(mlflow_store, "promote", lambda uri, version: refused)
+    result = CliRunner().invoke(app, ["retrain", "--every-s", "1", "--iterations", "1", "--db", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert (
+        "round 1: version 2 refused: worse than champion (TTFT MAE on the challenger's holdout: "
+        "challenger 0.5000 s, champion 0.2500 s)" in result.output.replace("\n", " ")
+    )
