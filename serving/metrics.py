@@ -98,6 +98,10 @@ def reason_kind(reason: str) -> str:
     return kind + " (skew limit)" if "skew limit" in reason else kind
 
 
+#: ``reason`` labels of ``kvcost_model_fallbacks_total``: the champion's load timed out, or failed.
+FALLBACK_REASONS: tuple[str, ...] = ("timeout", "load_failed")
+
+
 @dataclass(frozen=True, slots=True)
 class StateSample:
     """What the service reports at scrape time.
@@ -239,6 +243,8 @@ class ServiceMetrics:
         self.model_fallbacks = Counter(
             "kvcost_model_fallbacks", "Champion loads that fell back to the analytic model", ["reason"], registry=r
         )
+        for reason in FALLBACK_REASONS:  # exported at 0 from the start: an alert on it sees data, not absence
+            self.model_fallbacks.labels(reason)
         self.model_degraded = Gauge("kvcost_model_degraded", "1 while scoring on the fallback model", registry=r)
         self.model_learned = Gauge("kvcost_model_learned", "1 while scoring with a learned model", registry=r)
         self.engine_scrapes = Counter(

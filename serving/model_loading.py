@@ -19,7 +19,7 @@ from kvcost.core.hardware import GPUS, StepTimeModel
 from kvcost.core.reporting import json_safe
 from kvcost.features.spec import feature_spec_hash
 from kvcost.models.term_set import TermModelSet
-from kvcost.serving.metrics import ServiceMetrics
+from kvcost.serving.metrics import FALLBACK_REASONS, ServiceMetrics
 from kvcost.serving.schemas import ModelsResponse, ModelStatusOut
 
 _log = logging.getLogger(__name__)
@@ -159,9 +159,9 @@ class ModelManager:
 
     def _fall_back(self, exc: Exception) -> None:
         if isinstance(exc, TimeoutError):
-            reason, kind = f"timed out after {self._timeout_s:g} s", "timeout"
+            reason, kind = f"timed out after {self._timeout_s:g} s", FALLBACK_REASONS[0]
         else:
-            reason, kind = one_line(exc), "load_failed"
+            reason, kind = one_line(exc), FALLBACK_REASONS[1]
         current = self.status
         if current.source == "champion":
             why = f"reload failed ({reason}); still serving {current.label}"

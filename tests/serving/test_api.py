@@ -281,6 +281,13 @@ def test_malformed_json_is_422_saying_where(client):
     assert response.json()["message"].startswith("body is not valid JSON (at character 12")
 
 
+def test_fallback_counter_is_exported_at_zero_from_the_start(client):
+    # an alert on kvcost_model_fallbacks_total must see 0, not an absent series (kvcost issue 15)
+    metrics = client.get("/metrics").text
+    assert 'kvcost_model_fallbacks_total{reason="timeout"} 0.0' in metrics
+    assert 'kvcost_model_fallbacks_total{reason="load_failed"} 0.0' in metrics
+
+
 def test_bodies_that_cannot_be_decoded_are_422_saying_why(client):
     # FastAPI answers these with an undocumented 400 "There was an error parsing the body" (kvcost issue 15)
     bad_utf8 = client.post("/v1/score", content=b'{"request": "\xff"}', headers={"content-type": "application/json"})
