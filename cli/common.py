@@ -18,11 +18,22 @@ err_console = Console(stderr=True, soft_wrap=True)
 #: Columns of every progress bar.
 PROGRESS_COLUMNS = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
+def _tracking_uri(uri: str | None) -> str | None:
+    """An explicit ``--mlflow-uri`` naming a SQLite store in a missing folder is a usage error (exit 2)."""
+    from kvcost.models.mlflow_store import check_tracking_uri
+
+    try:
+        return check_tracking_uri(uri) if uri is not None else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 MlflowOpt = Annotated[
     str | None,
     typer.Option(
         help="MLflow tracking URI (default sqlite:///runs/mlflow.db; a SQLite store keeps its artifacts in "
-        "mlartifacts/ beside it)."
+        "mlartifacts/ beside it, and its folder must exist).",
+        callback=_tracking_uri,
     ),
 ]
 

@@ -96,6 +96,27 @@ def _client(uri: str | None):
     return MlflowClient(_mlflow(uri).get_tracking_uri())
 
 
+def check_tracking_uri(uri: str) -> str:
+    """``uri``, unless it names a SQLite store in a folder that does not exist.
+
+    MLflow would create that folder and an empty database silently, so a mistyped
+    ``sqlite:////nonexistent/dir/mlflow.db`` would run on without a champion (kvcost issue 15).
+    The default store (:data:`DEFAULT_TRACKING_URI`, under kvcost's own ``runs/``, made as needed)
+    and other stores are returned as given.
+
+    Raises:
+        ValueError: names the URI and the missing folder.
+    """
+    if uri.startswith("sqlite:///") and uri != DEFAULT_TRACKING_URI:
+        folder = Path(uri[len("sqlite:///") :]).parent
+        if not folder.is_dir():
+            raise ValueError(
+                f"mlflow_uri = {uri!r}: the folder {str(folder)!r} does not exist, expected the folder of the "
+                "SQLite store to exist (create it, or correct the path)"
+            )
+    return uri
+
+
 def artifact_root_for(uri: str | None) -> Path | None:
     """Artifact folder of a new experiment: ``mlartifacts/`` beside a SQLite tracking database
     (``runs/mlartifacts`` for the default store); None for any other store (a tracking server

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from kvcost.core.hardware import GPUS, MODELS
 from kvcost.core.types import Namespace
 from kvcost.data.store import DEFAULT_LOG_PATH
+from kvcost.models.mlflow_store import check_tracking_uri
 from kvcost.routing.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS
 from kvcost.routing.compatibility import parse_layout
 from kvcost.routing.policies import ROUTER_POLICIES
@@ -212,6 +213,8 @@ class ServiceSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> ServiceSettings:
+        if self.mlflow_uri is not None:
+            check_tracking_uri(self.mlflow_uri)
         if self.model not in MODELS:
             raise ValueError(f"model = {self.model!r}, expected one of {', '.join(MODELS.names())}")
         if self.gpu_default not in GPUS:

@@ -1,5 +1,7 @@
 """Tests for ``kvcost retrain``'s exit status (kvcost issue 15: it exited 0 with the log unreadable)."""
 
+import re
+
 from typer.testing import CliRunner
 
 from kvcost.cli import app
@@ -30,3 +32,11 @@ def test_a_refused_challenger_exits_1_and_prints_both_maes(tmp_path, monkeypatch
         "round 1: version 2 refused: worse than champion (TTFT MAE on the challenger's holdout: "
         "challenger 0.5000 s, champion 0.2500 s)" in result.output.replace("\n", " ")
     )
+
+
+def test_a_sqlite_store_in_a_missing_folder_is_a_usage_error(tmp_path):
+    uri = f"sqlite:///{tmp_path}/nowhere/mlflow.db"
+    result = CliRunner().invoke(app, ["retrain", "--every-s", "1", "--iterations", "1", "--mlflow-uri", uri])
+    assert result.exit_code == 2
+    assert "does not exist" in re.sub(r"[\s│]+", " ", result.output)  # the usage box may wrap the line
+    assert not (tmp_path / "nowhere").exists()

@@ -43,3 +43,12 @@ def test_gateway_engines_and_lora_modules_are_parsed_and_bad_entries_name_the_fi
         with pytest.raises(ValidationError) as info:
             ServiceSettings(**fields)
         assert message in str(info.value)
+
+
+def test_a_sqlite_store_in_a_missing_folder_is_refused_at_start(tmp_path):
+    uri = f"sqlite:///{tmp_path}/nowhere/mlflow.db"
+    with pytest.raises(ValueError, match=r"mlflow_uri = .*nowhere/mlflow.db': the folder .* does not exist"):
+        ServiceSettings(mlflow_uri=uri)
+    assert ServiceSettings(mlflow_uri=f"sqlite:///{tmp_path}/mlflow.db").mlflow_uri.endswith("mlflow.db")
+    assert ServiceSettings(mlflow_uri="sqlite:///runs/mlflow.db").mlflow_uri == "sqlite:///runs/mlflow.db"
+    assert not (tmp_path / "nowhere").exists()
