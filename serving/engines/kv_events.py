@@ -277,6 +277,11 @@ class IngestStats:
 
 _STAT_FIELDS = tuple(f.name for f in dataclasses.fields(IngestStats))
 
+#: Largest forward jump of a sequence number taken as a gap to replay: vLLM's replay buffer
+#: (``KVEventsConfig.buffer_steps``) holds 10,000 batches by default, so a longer gap cannot be
+#: replayed and a message claiming one is suspect (:meth:`KVEventIngestor.ingest`).
+MAX_SEQUENCE_JUMP = 10_000
+
 #: Replay callback: ``(worker_id, from_seq) -> [(seq, payload), ...]``, the batches the
 #: engine still buffers from ``from_seq`` on (vLLM's replay ROUTER socket).
 ReplayFn = Callable[[int, int], Iterable[tuple[int, bytes]]]
@@ -333,6 +338,7 @@ class KVEventIngestor:
         self._media = dict(media)
         self._kv_group = kv_group
         self._expected: dict[int, int] = {}
+        self._jumps: dict[int, int] = {}  # a rejected implausible sequence per worker, until the next is seen
         self._adapter_ns: dict[tuple[Namespace, str], Namespace] = {}
 
     @property
@@ -359,6 +365,7 @@ class KVEventIngestor:
     def forget_worker(self, worker_id: int) -> None:
         """Stop tracking ``worker_id``'s sequence: its next message is accepted as a first one."""
         self._expected.pop(worker_id, None)
+        self._jumps.pop(worker_id, None)
 
     def ingest(self, worker_id: int, frames: Sequence[bytes], now_s: float) -> bool:
         """Apply one ZMQ message ``[topic, seq, payload]`` from ``worker_id``.
@@ -366,6 +373,11 @@ class KVEventIngestor:
         Sequence handling: ``seq`` = the expected one → applied; larger → a gap, filled
         from the replay callback first (or the worker is marked stale); smaller → the
         engine restarted: the worker's entries are dropped, then the batch is applied.
+        A jump forward beyond :data:`MAX_SEQUENCE_JUMP` (more than the engine's replay buffer
+        holds) is taken as malformed and rejected, the expected sequence unchanged, unless the
+        next message continues from it: then batches were lost for good, the worker is marked
+        stale and the stream goes on from there. (One forged ``seq`` of 2^64 − 1 would otherwise
+        mark the worker stale and make the next genuine message look like a restart, wiping it.)
         A worker's first message is accepted whatever its ``seq`` (kvcost started after
         the engine: blocks cached before are unknown until stored again). A batch that
         cannot be decoded, or an event that cannot be applied, marks the worker stale.
@@ -387,9 +399,20 @@ class KVEventIngestor:
                 logger.warning("worker %s: sequence went back from %d to %d: restart", worker_id, expected, seq)
                 stats.restarts += 1
                 self.directory.clear_worker(worker_id, now_s)
+            elif expected is not None and seq - expected > MAX_SEQUENCE_JUMP:
+                confirmed = self._jumps.get(worker_id) == seq - 1
+                self._jumps[worker_id] = seq
+                if not confirmed:
+                    return self._reject(
+                        worker_id, f"sequence jumped from {expected} to {seq}, beyond the replay buffer: not applied"
+                    )
+                stats.gaps += 1
+                logger.warning("worker %s: sequence resumed at %d after a lost stretch: marked stale", worker_id, seq)
+                self.directory.mark_stale(worker_id)
             elif expected is not None and seq > expected:
                 stats.gaps += 1
                 self._fill_gap(worker_id, expected, seq, now_s)
+            self._jumps.pop(worker_id, None)
             self._expected[worker_id] = seq + 1
             try:
                 batch = decode_batch(payload)

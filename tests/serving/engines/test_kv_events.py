@@ -613,3 +613,25 @@ def test_vllm_like_streams_match_the_reference_semantics(seed):
             request = trunk[: rng.randrange(0, len(trunk) + 1)]
             got = [(m.reusable_blocks, m.tier) for m in d.match(NS, request, workers, float(step))]
             assert got == ref.match(request, workers), (seed, step)
+
+
+def test_a_forged_sequence_jump_is_rejected_and_the_stream_goes_on():
+    directory, ingestor = make_ingestor()
+    ingestor.ingest(0, frames(0, v010([V010.BlockStored([1], None, [], 4, None, "GPU")])), now_s=0.0)
+    forged = v010([V010.BlockStored([9], None, [], 4, None, "GPU")])
+    assert not ingestor.ingest(0, frames(2**64 - 1, forged), now_s=1.0)
+    assert ingestor.ingest(0, frames(1, v010([V010.BlockStored([2], 1, [], 4, None, "GPU")])), now_s=2.0)
+    # neither a restart (the worker kept its blocks) nor stale, and the forged block was not applied
+    assert directory.match(NS, [1, 2], [0], now_s=2.0) == [DirectoryMatch(0, 2, "gpu", 0.0)]
+    assert directory.match(NS, [9], [0], now_s=2.0)[0].reusable_blocks == 0
+    s = ingestor.stats
+    assert (s.rejected_messages, s.restarts, s.gaps, ingestor.expected_seq(0)) == (1, 0, 0, 2)
+
+
+def test_a_long_genuine_gap_is_confirmed_by_the_next_message_and_marks_stale():
+    directory, ingestor = make_ingestor()
+    ingestor.ingest(0, frames(0, v010([V010.BlockStored([1], None, [], 4, None, "GPU")])), now_s=0.0)
+    assert not ingestor.ingest(0, frames(20_000, v010([])), now_s=1.0)  # more than the replay buffer
+    assert ingestor.ingest(0, frames(20_001, v010([V010.BlockStored([2], 1, [], 4, None, "GPU")])), now_s=2.0)
+    assert directory.match(NS, [1, 2], [0], now_s=2.0) == [DirectoryMatch(0, 2, "gpu", 0.0, stale=True)]
+    assert (ingestor.stats.gaps, ingestor.expected_seq(0)) == (1, 20_002)
