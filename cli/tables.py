@@ -22,6 +22,7 @@ SERVE = SettingsTable(
         "db_path",
         "token_file",
         "insecure",
+        "protect_reads",
         "policy",
         "model",
         "gpu_default",

@@ -172,7 +172,16 @@ async def require_token(
         raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 
+async def require_read_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """:func:`require_token` on a read endpoint, only when the service runs with ``--protect-reads``."""
+    if request.app.state.protect_reads:
+        await require_token(request, credentials)
+
+
 WriteAuth = [Depends(require_token)]
+ReadAuth = [Depends(require_read_token)]
 _ERRORS = {
     401: {"description": "missing or wrong bearer token"},
     413: {"description": "body too large"},
@@ -190,7 +199,7 @@ def _json(model: BaseModel) -> Response:
 scoring = APIRouter(prefix="/v1", tags=["scoring"])
 
 
-@scoring.post("/score", response_model=ScoreResponse, responses={413: _ERRORS[413], 422: _ERRORS[422]})
+@scoring.post("/score", response_model=ScoreResponse, dependencies=ReadAuth, responses=_ERRORS)
 async def score(body: ScoreRequestIn, service: ServiceDep) -> Response:
     """Score every candidate: predicted terms, composed and calibrated TTFT, reuse; no routing side effects."""
     return _json(service.score(body))
@@ -227,7 +236,7 @@ async def push_snapshot(
 eviction = APIRouter(prefix="/v1/evict", tags=["eviction"])
 
 
-@eviction.post("/rank", response_model=EvictRankResponse, responses={413: _ERRORS[413], 422: _ERRORS[422]})
+@eviction.post("/rank", response_model=EvictRankResponse, dependencies=ReadAuth, responses=_ERRORS)
 async def evict_rank(body: EvictRankIn, request: Request) -> Response:
     """Idle cached prefix nodes in eviction order under a registered policy, each with its value terms."""
     return _json(rank_request(body, request.app.state.reuse_model))
@@ -236,7 +245,7 @@ async def evict_rank(body: EvictRankIn, request: Request) -> Response:
 models = APIRouter(prefix="/v1/cost-models", tags=["models"])
 
 
-@models.get("", response_model=ModelsResponse)
+@models.get("", response_model=ModelsResponse, dependencies=ReadAuth, responses={401: _ERRORS[401]})
 async def list_models(service: ServiceDep) -> ModelsResponse:
     """The serving model, the registry's versions (champion, challenger …) and the feature-spec hash."""
     return await service.models_info()
@@ -443,6 +452,7 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     )
     app.state.service = service
     app.state.token = token
+    app.state.protect_reads = settings.protect_reads
     app.state.reuse_model = reuse_model
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_exception_handler(RequestValidationError, _validation_error)

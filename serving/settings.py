@@ -54,6 +54,11 @@ class ServiceSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to listen on; non-loopback needs --token-file or --insecure")
     port: int = Field(8000, ge=0, le=65535, description="TCP port")
     insecure: bool = Field(False, description="allow a non-loopback --host without a token")
+    protect_reads: bool = Field(
+        False,
+        description="require the --token-file token on the read endpoints too: /v1/score, /v1/evict/rank, "
+        "GET /v1/cost-models and the gateway's GET /v1/models (health, readiness and metrics stay open)",
+    )
     model: str = Field(
         "llama-3-8b", description=f"model served by every worker: {', '.join(MODELS.names())} (its hardware profile)"
     )
@@ -215,6 +220,8 @@ class ServiceSettings(BaseSettings):
     def _check(self) -> ServiceSettings:
         if self.mlflow_uri is not None:
             check_tracking_uri(self.mlflow_uri)
+        if self.protect_reads and self.token_file is None:
+            raise ValueError("protect_reads = True needs token_file (--token-file): there is no token to require")
         if self.model not in MODELS:
             raise ValueError(f"model = {self.model!r}, expected one of {', '.join(MODELS.names())}")
         if self.gpu_default not in GPUS:

@@ -44,6 +44,12 @@ async def require_api_key(request: Request) -> None:
         raise OpenAIError(401, "missing or wrong bearer token (Authorization: Bearer <token>)", "authentication_error")
 
 
+async def require_api_key_for_reads(request: Request) -> None:
+    """:func:`require_api_key` on ``GET /v1/models``, only when the service runs with ``--protect-reads``."""
+    if request.app.state.protect_reads:
+        await require_api_key(request)
+
+
 openai = APIRouter(tags=["openai"])
 
 
@@ -63,7 +69,7 @@ async def chat_completions(request: Request) -> Response:
     return await _gateway(request).handle("/v1/chat/completions", request)
 
 
-@openai.get("/v1/models")
+@openai.get("/v1/models", dependencies=[Depends(require_api_key_for_reads)])
 async def list_models(request: Request) -> JSONResponse:
     """OpenAI's model list: the union of what the engines answer (by model id), in engine order."""
     gateway = _gateway(request)

@@ -595,3 +595,14 @@ def test_without_kv_events_a_routed_prefix_counts_as_cached_on_its_worker_until_
         assert [c["reusable_tokens"] for c in scores] == [0, 0]
         client.post("/v1/workers/1/snapshot", json={})  # a worker kvcost knows of shows its mode
         assert 'kvcost_directory_mode{mode="approximate",worker="1"} 1.0' in client.get("/metrics").text
+
+
+def test_protect_reads_gates_the_read_endpoints_too(tmp_path):
+    with TestClient(create_app(settings_for(tmp_path, protect_reads=True))) as client:
+        assert client.post("/v1/score", json=make_body()).status_code == 401
+        assert client.get("/v1/cost-models").status_code == 401
+        assert client.post("/v1/score", json=make_body(), headers=AUTH).status_code == 200
+        assert client.get("/v1/cost-models", headers=AUTH).status_code == 200
+        assert client.get("/healthz").status_code == 200 and client.get("/metrics").status_code == 200
+    with pytest.raises(ValueError, match="protect_reads = True needs token_file"):
+        settings_for(tmp_path, token=False, protect_reads=True)
