@@ -18,6 +18,7 @@ err_console = Console(stderr=True, soft_wrap=True)
 #: Columns of every progress bar.
 PROGRESS_COLUMNS = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
+
 def _tracking_uri(uri: str | None) -> str | None:
     """An explicit ``--mlflow-uri`` naming a SQLite store in a missing folder is a usage error (exit 2)."""
     from kvcost.models.mlflow_store import check_tracking_uri

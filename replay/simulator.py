@@ -32,8 +32,9 @@ from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.kv_cache import BLOCK_EVENT_COLUMNS, BlockPool
 from kvcost.replay.online import CompletedRequest, OnlineLearner, OnlineSettings
+from kvcost.replay.sim_request import SimRequest
 from kvcost.replay.tiers import TierCache, WorkerTiers
-from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
+from kvcost.replay.worker import SimWorker, WorkerTruth
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.policies import PolicyContext
 from kvcost.routing.router import Router

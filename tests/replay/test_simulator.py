@@ -11,9 +11,9 @@ from kvcost.core.links import LinkSpec
 from kvcost.core.types import ReusePlan
 from kvcost.data.traces import Trace, TraceRequest
 from kvcost.replay.config import ClusterConfig
+from kvcost.replay.sim_request import SimRequest
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 from kvcost.replay.tiers import TierConfig
-from kvcost.replay.worker import SimRequest
 from kvcost.routing.router import RouterSettings
 from tests.helpers import MS_PER_TOKEN_PROFILE, UNIT_MODEL
 

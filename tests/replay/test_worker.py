@@ -18,8 +18,9 @@ from kvcost.core.hardware import GpuSpec, StepTimeModel
 from kvcost.core.links import LinkSpec
 from kvcost.features.nominal import NominalCosts
 from kvcost.replay.kv_cache import BlockPool
+from kvcost.replay.sim_request import SimRequest
 from kvcost.replay.tiers import TierConfig, WorkerTiers
-from kvcost.replay.worker import SimRequest, SimWorker, WorkerTruth
+from kvcost.replay.worker import SimWorker, WorkerTruth
 from tests.helpers import MS_PER_TOKEN_PROFILE, UNIT_MODEL
 
 BLOCK = 10
