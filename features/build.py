@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvcost.core.hardware import StepTimeModel
-from kvcost.core.types import TIER_CODES
+from kvcost.core.types import TIER_CODES, blocks_to_allocate
 from kvcost.features.nominal import NominalCosts, kv_wait_s, queue_and_prefill_s
 from kvcost.features.spec import FEATURE_NAMES
 
@@ -74,7 +74,7 @@ def feature_columns(
     age_s = np.array([m.age_s for m in matches], dtype=np.float64)
     capacity = snap["kv_capacity_blocks"]
     available = capacity - np.rint(snap["kv_usage"] * capacity)
-    new_blocks = -(-request.input_tokens // block_size) - reuse // block_size  # blocks_to_allocate, per candidate
+    new_blocks = np.array([blocks_to_allocate(request.input_tokens, r, block_size) for r in reuse.tolist()])
     deficit = np.where(capacity != 0, np.maximum(0.0, snap["waiting_prompt_blocks"] + new_blocks - available), 0.0)
     nominal = snap["recent_step_nominal_s"]
     with np.errstate(over="ignore"):  # a tiny nominal step gives inf, as Python's float division does
