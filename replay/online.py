@@ -33,6 +33,9 @@ from kvcost.models.term_set import TermModelSet
 from kvcost.models.training import TimeSplit, train_term_set
 from kvcost.routing.policies import RouterPolicy
 
+#: ``unchosen_features`` when none were kept (a replay that does not learn online keeps none).
+NO_UNCHOSEN = np.empty((0, len(FEATURE_NAMES)))
+
 
 class CompletedRequest(NamedTuple):
     """A measured request the replay completed: its ``requests`` row and what the learner needs beside it.
@@ -52,7 +55,7 @@ class CompletedRequest(NamedTuple):
     features: np.ndarray
     p90_s: float
     finish_s: float
-    unchosen_features: np.ndarray = np.empty((0, len(FEATURE_NAMES)))
+    unchosen_features: np.ndarray = NO_UNCHOSEN
 
 
 @dataclass(frozen=True, slots=True)

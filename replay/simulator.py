@@ -31,7 +31,7 @@ from kvcost.eviction.index import make_eviction_index, needs_index
 from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.kv_cache import BLOCK_EVENT_COLUMNS, BlockPool
-from kvcost.replay.online import CompletedRequest, OnlineLearner, OnlineSettings
+from kvcost.replay.online import NO_UNCHOSEN, CompletedRequest, OnlineLearner, OnlineSettings
 from kvcost.replay.sim_request import SimRequest
 from kvcost.replay.tiers import TierCache, WorkerTiers
 from kvcost.replay.worker import SimWorker, WorkerTruth
@@ -157,7 +157,7 @@ class ClusterSimulator:
         """Replay ``trace``; ``progress(n)`` is called with the number of newly completed (or rejected) requests."""
         if trace.block_size_tokens != self.block_size_tokens:
             raise ValueError(f"trace block_size_tokens = {trace.block_size_tokens}, expected {self.block_size_tokens}")
-        log = _Log(self.config, len(self.workers))
+        log = _Log(self.config, len(self.workers), keep_unchosen=self.online is not None)
         measured = [r.arrival_s for r in trace.requests if r.arrival_s >= self.config.warmup_s]
         for worker in self.workers:
             worker.measure_from_s = measured[0] if measured else math.inf
@@ -322,8 +322,9 @@ def _block_events(workers: list[SimWorker]) -> pd.DataFrame:
 class _Log:
     """The replay's log as it happens, in typed rows (:mod:`kvcost.data.log_rows`); one DataFrame a table at the end."""
 
-    def __init__(self, config: ClusterConfig, n_workers: int) -> None:
+    def __init__(self, config: ClusterConfig, n_workers: int, keep_unchosen: bool = False) -> None:
         self.warmup_s = config.warmup_s
+        self.keep_unchosen = keep_unchosen  # the online learner's importance weights need the rejected rows
         self.cache_enabled = config.cache_enabled
         self.n_workers = n_workers
         self.decisions: dict[int, tuple[int, np.ndarray, np.ndarray, float, np.ndarray]] = {}
@@ -342,7 +343,7 @@ class _Log:
         preds = decision.predictions.as_matrix()
         index = decision.chosen_index
         p90_s = float(decision.calibrated.p90_s[index]) if decision.calibrated is not None else math.nan
-        unchosen = np.delete(decision.features, index, axis=0)
+        unchosen = np.delete(decision.features, index, axis=0) if self.keep_unchosen else NO_UNCHOSEN
         chosen = decision.features[index]
         self.decisions[request.request_id] = (decision.worker_id, preds[index], chosen, p90_s, unchosen)
         self.candidates.add(decision, preds)
