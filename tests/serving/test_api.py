@@ -246,69 +246,11 @@ def test_invalid_input_is_422_naming_the_field(client, path, value, loc, text):
         assert str(value) in detail["msg"]
 
 
-def test_strings_and_booleans_are_not_numbers(client):
-    # kvcost issue 15: this body was once recorded, true becoming 1.0 s and "0.25" 0.25 s
-    body = {"request_id": 55, "ttft_s": "0.25", "prefill_s": True, "queue_s": "1e-3", "e2e_s": False}
-    response = client.post("/v1/observe", json=body, headers=AUTH)
-    assert response.status_code == 422
-    assert sorted(d["loc"][-1] for d in response.json()["detail"]) == ["e2e_s", "prefill_s", "queue_s", "ttft_s"]
-    assert sorted(d["msg"] for d in response.json()["detail"]) == [
-        "Input should be a valid number, got '0.25'",
-        "Input should be a valid number, got '1e-3'",
-        "Input should be a valid number, got False",
-        "Input should be a valid number, got True",
-    ]
-    snapshot = _with(make_body(), ("candidates", 0, "snapshot", "recent_step_nominal_s"), False)
-    response = client.post("/v1/score", json=snapshot)
-    assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["body", "candidates", 0, "snapshot", "recent_step_nominal_s"]
-    assert client.post("/v1/observe", json={"request_id": 55, "ttft_s": 1}, headers=AUTH).status_code != 422
-
-
-def test_integral_floats_are_integers_and_the_eviction_policy_is_an_enum(client):
-    # JSON Schema counts 59.0 as an integer, so the published "type": "integer" admits it
-    body = make_body()
-    body["request"]["request_id"] = 59.0
-    assert client.post("/v1/score", json=body).status_code == 200
-    policy = client.get("/openapi.json").json()["components"]["schemas"]["EvictRankIn"]["properties"]["policy"]
-    assert sorted(policy["enum"]) == ["cost_aware", "flop_aware", "gdsf", "lfu", "lhd", "lru"]
-
-
-def test_malformed_json_is_422_saying_where(client):
-    response = client.post("/v1/score", content='{"request": ', headers={"content-type": "application/json"})
-    assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["body"]
-    assert response.json()["message"].startswith("body is not valid JSON (at character 12")
-
-
 def test_fallback_counter_is_exported_at_zero_from_the_start(client):
     # an alert on kvcost_model_fallbacks_total must see 0, not an absent series (kvcost issue 15)
     metrics = client.get("/metrics").text
     assert 'kvcost_model_fallbacks_total{reason="timeout"} 0.0' in metrics
     assert 'kvcost_model_fallbacks_total{reason="load_failed"} 0.0' in metrics
-
-
-def test_bodies_that_cannot_be_decoded_are_422_saying_why(client):
-    # FastAPI answers these with an undocumented 400 "There was an error parsing the body" (kvcost issue 15)
-    bad_utf8 = client.post("/v1/score", content=b'{"request": "\xff"}', headers={"content-type": "application/json"})
-    deep = client.post("/v1/score", content="[" * 1000 + "]" * 1000, headers={"content-type": "application/json"})
-    assert (bad_utf8.status_code, deep.status_code) == (422, 422)
-    assert bad_utf8.json()["message"] == "body is not valid JSON (not UTF-8 (byte 13))"
-    assert deep.json()["detail"] == [
-        {"loc": ["body"], "msg": "body is not valid JSON (nested too deep)", "type": "json_invalid"}
-    ]
-    assert client.get("/v1/nowhere").status_code == 404  # other HTTP errors keep FastAPI's answer
-
-
-def test_non_finite_numbers_are_422(client):
-    text = json.dumps(make_body()).replace('"snapshot": {}', '"snapshot": {"recent_step_s": NaN}')
-    response = client.post("/v1/score", content=text, headers={"content-type": "application/json"})
-    assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["body", "candidates", 1, "snapshot", "recent_step_s"]
-    assert response.json()["detail"][0]["msg"] == "Input should be a finite number, got nan"
-    observation = '{"request_id": 1, "ttft_s": Infinity}'
-    response = client.post("/v1/observe", content=observation, headers={"content-type": "application/json"} | AUTH)
-    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "ttft_s"]
 
 
 def test_service_level_input_errors_are_422_naming_the_field(client):
