@@ -257,9 +257,11 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
         results, sampler = asyncio.run(run())
     text = exact.metrics()
     failed = [r for r in results if r.status != 200 or r.error or not r.done]
+    reset = [r for r in results if r.resets]
     waiting = {w: sampler.waiting_share(w) for w in urls}
     evicted = {w: metric(text, "kvcost_kv_blocks_total", op="removed", worker=str(w)) for w in urls}
-    rows = exact.requests("outcome IS NOT NULL")
+    rows = exact.requests("outcome = 'ok'")
+    _print_resets(exact, reset)
     counts = agreement(rows)
     chats, salted = sum(s.kind == "chat" for s in all_specs), sum(s.salted for s in all_specs)
     print(f"[e2e] sent {len(results)} ({chats} chat, {salted} salted), failed {len(failed)}; skipped {skipped}")
@@ -269,6 +271,8 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
     share = counts["equal"] / max(1, len(rows))
     print(f"[e2e] hit agreement {counts['equal']}/{len(rows)} = {share:.2%}; {counts}")
     assert failed == []
+    assert len(reset) <= 0.01 * len(results), f"{len(reset)} connections reset before the answer's head"
+    assert "Exception in ASGI application" not in exact.log.read_text()
     assert all(share >= 0.2 for share in waiting.values()), f"waiting share per engine {waiting}, expected ≥ 0.2"
     assert all(n > 0 for n in evicted.values()), f"blocks evicted per engine {evicted}, expected > 0"
     assert len(rows) == len(results) and all(r["actual_ttft_s"] > 0 for r in rows)
@@ -283,6 +287,16 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
     assert metric(text, "kvcost_kv_event_batches_total", source="replay", worker="1") >= 1
     assert metric(text, "kvcost_directory_stale", worker="1") == 0
     assert metric(text, "kvcost_directory_mode", worker="0", mode="exact") == 1
+
+
+def _print_resets(serve: KvcostServe, reset: list[Result]) -> None:
+    """What the gateway logged of each request whose connection was reset before the answer's head."""
+    for r in reset[:5]:
+        client_id = f"e2e-{r.spec.index}"
+        logged = serve.requests(f"client_request_id = '{client_id}'")
+        lines = [line for line in serve.log.read_text().splitlines() if client_id in line]
+        print(f"[e2e] reset: request {r.spec.index}: {r.resets}; gateway rows {[x['outcome'] for x in logged]}")
+        print("\n".join(f"[e2e]   log: {line[:300]}" for line in lines[:5]))
 
 
 def _one(url: str, body: dict, request_id: str) -> Result:

@@ -103,6 +103,9 @@ class Result:
     chunks: int = 0
     done: bool = False
     ttft_s: float | None = None
+    #: Transport errors before any response header (the connection was reset); the request was then sent
+    #: once more as ``<id>-resent``, as OpenAI's SDK does on a connection error.
+    resets: list[str] = field(default_factory=list)
 
     @property
     def cached_tokens(self) -> int | None:
@@ -116,20 +119,30 @@ async def send(
 ) -> Result:
     """Send one streamed request through the gateway (client id ``<id_prefix>-<index>``) and read the stream."""
     result = Result(spec)
-    started = time.perf_counter()
-    request_headers = {"x-request-id": f"{id_prefix}-{spec.index}", **headers}
-    try:
-        async with client.stream("POST", base_url + spec.path, json=spec.body, headers=request_headers) as response:
-            result.status = response.status_code
-            result.worker = _int_header(response, "x-kvcost-worker")
-            result.decision = _int_header(response, "x-kvcost-decision")
-            if response.status_code != 200:
-                result.error = (await response.aread()).decode(errors="replace")
+    for attempt in range(2):
+        started = time.perf_counter()
+        client_id = f"{id_prefix}-{spec.index}" + ("-resent" if attempt else "")
+        request_headers = {"x-request-id": client_id, **headers}
+        try:
+            async with client.stream("POST", base_url + spec.path, json=spec.body, headers=request_headers) as response:
+                result.status = response.status_code
+                result.worker = _int_header(response, "x-kvcost-worker")
+                result.decision = _int_header(response, "x-kvcost-decision")
+                if response.status_code != 200:
+                    result.error = (await response.aread()).decode(errors="replace")
+                    return result
+                async for line in response.aiter_lines():
+                    _read_line(result, line, started)
+            return result
+        except httpx.TransportError as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+            if result.status or attempt:  # the answer had started: not resent (tokens may have been generated)
                 return result
-            async for line in response.aiter_lines():
-                _read_line(result, line, started)
-    except httpx.HTTPError as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
+            result.resets.append(result.error)  # resent once, as OpenAI's SDK resends a connection error
+        except httpx.HTTPError as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+            return result
+        result.error = ""
     return result
 
 
