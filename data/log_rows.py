@@ -12,6 +12,8 @@
   terms as matrices whose columns are named by the schema).
 * :func:`read_chosen_candidates` — the chosen candidates of earlier runs, the
   scoring service's decisions reloaded after a restart.
+* :class:`UnjoinedObservation` — an observation whose decision the service does
+  not have (``unjoined_observations``); :func:`read_unjoined_ids` reloads their ids.
 
 Every batch goes to DuckDB through :meth:`kvcost.data.store.LogStore.append`
 (directly, or through the service's :class:`~kvcost.data.log_writer.LogWriter`).
@@ -151,6 +153,48 @@ def request_batch(run_id: str | Sequence[str], rows: Sequence[RequestRow]) -> Ta
     """
     run_ids = [run_id] * len(rows) if isinstance(run_id, str) else list(run_id)
     return TableBatch("requests", {"run_id": run_ids, **request_columns(rows)})
+
+
+class UnjoinedObservation(NamedTuple):
+    """One ``unjoined_observations`` row, ``run_id`` aside: an observation whose decision the service does not
+    have (lost in a crash before its commit, or older than the decisions kept); recorded, never refused.
+
+    Attributes:
+        request_id: the client's request id.
+        received_s: when the service received it, epoch seconds.
+        actual_s: actual terms then TTFT, seconds, ``len(TERMS_AND_TTFT)`` values; None = not measured (NULL).
+        output_tokens, actual_reuse_tokens, tpot_s, e2e_s: as in :class:`RequestRow`; None = not reported.
+    """
+
+    request_id: int
+    received_s: float
+    actual_s: tuple[float | None, ...]
+    output_tokens: int | None = None
+    actual_reuse_tokens: int | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    def batch(self, run_id: str) -> TableBatch:
+        """This row as an ``unjoined_observations`` batch of the serve run ``run_id``.
+
+        Raises:
+            ValueError: ``actual_s`` does not hold one value per term (names the field).
+        """
+        if len(self.actual_s) != _N_TERMS:
+            raise ValueError(f"actual_s has {len(self.actual_s)} values, expected {_N_TERMS} ({_TERMS_TEXT})")
+        columns: dict[str, list] = {"run_id": [run_id], "request_id": [self.request_id]}
+        columns["received_s"] = [self.received_s]
+        columns |= {name: [value] for name, value in zip(ACTUAL_COLUMNS, self.actual_s, strict=True)}
+        columns |= {name: [getattr(self, name)] for name in ("output_tokens", "actual_reuse_tokens", "tpot_s", "e2e_s")}
+        return TableBatch("unjoined_observations", columns)
+
+
+def read_unjoined_ids(store: LogStore, limit: int) -> list[int]:
+    """The request ids of the newest ``limit`` unjoined observations, oldest first."""
+    rows = store.connection.execute(
+        "SELECT request_id FROM unjoined_observations ORDER BY received_s DESC, rowid DESC LIMIT ?", [limit]
+    ).fetchall()
+    return [request_id for (request_id,) in reversed(rows)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,16 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         ),
         Column("preemptions", "BIGINT", "replay: times the request was preempted (KV full); NULL from the gateway"),
     ),
+    "unjoined_observations": (
+        Column("run_id", "VARCHAR", "the serve run that received the observation"),
+        Column("request_id", "BIGINT", "the client's request id, which no decision in memory or in the log has"),
+        Column("received_s", "DOUBLE", "when the service received it, epoch seconds"),
+        *_terms(ACTUAL_COLUMNS, "actual"),
+        Column("output_tokens", "BIGINT", "generated tokens"),
+        Column("actual_reuse_tokens", "BIGINT", "prefix actually reused at admission"),
+        Column("tpot_s", "DOUBLE", "mean time per output token after the first, seconds"),
+        Column("e2e_s", "DOUBLE", "arrival to last token at the client, seconds"),
+    ),
     "candidates": (
         RUN_ID,
         Column("request_id", "BIGINT", "request, as in requests.request_id"),

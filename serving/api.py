@@ -25,7 +25,7 @@ OpenAI-compatible gateway: ``POST /v1/completions``, ``POST
 settings name a token file (compared in constant time); 401 otherwise.
 Errors: 422 with ``detail[].loc`` naming the field (and a one-line
 ``message``), 413 for a body over ``max_body_bytes`` (by ``Content-Length``
-or as streamed), 404 for an unknown request id, 409 for a request id routed
+or as streamed), 409 for a request id routed
 twice, 503 when the log cannot commit an observation.
 
 ``/readyz`` answers 200 ``degraded`` (not 503) when the champion could not be
@@ -57,7 +57,7 @@ from kvcost.serving.engines.engine_metrics import EngineMetricsScraper, ScrapeTa
 from kvcost.serving.engines.kv_events import KVEventIngestor
 from kvcost.serving.engines.kv_subscriber import KVEventSubscriber
 from kvcost.serving.engines.liveness import EngineLiveness
-from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError, UnknownRequestError
+from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError
 from kvcost.serving.eviction_wire import rank_request
 from kvcost.serving.gateway.routes import build_gateway, engine_client, openai, openai_error_response
 from kvcost.serving.gateway.sse import OpenAIError
@@ -215,10 +215,11 @@ observations = APIRouter(prefix="/v1", tags=["observations"])
 
 
 @observations.post(
-    "/observe", response_model=ObservationResponse, dependencies=WriteAuth, responses={**_ERRORS, 404: {}, 503: {}}
+    "/observe", response_model=ObservationResponse, dependencies=WriteAuth, responses={**_ERRORS, 503: {}}
 )
 async def observe(body: ObservationIn, service: ServiceDep) -> ObservationResponse:
-    """Record a routed request's actual times; durable when answered; a repeated id answers ``duplicate``."""
+    """Record a routed request's actual times; durable when answered; a repeated id answers ``duplicate``, an id
+    with no decision (lost in a crash before its commit) is recorded as ``unjoined``, never refused."""
     return await service.observe(body)
 
 
@@ -458,7 +459,6 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(FieldError, _field_error)
-    app.add_exception_handler(UnknownRequestError, _status_handler(404))
     app.add_exception_handler(ConflictError, _status_handler(409))
     app.add_exception_handler(LogUnavailableError, _status_handler(503))
     app.add_exception_handler(OpenAIError, openai_error_response)

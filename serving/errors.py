@@ -1,10 +1,10 @@
-"""Errors the scoring service raises and the HTTP layer maps to status codes (422, 404, 409, 503)."""
+"""Errors the scoring service raises and the HTTP layer maps to status codes (422, 409, 503)."""
 
 from __future__ import annotations
 
 from kvcost.data.log_writer import LogUnavailableError
 
-__all__ = ["ConflictError", "FieldError", "LogUnavailableError", "UnknownRequestError"]
+__all__ = ["ConflictError", "FieldError", "LogUnavailableError"]
 
 
 class FieldError(ValueError):
@@ -14,10 +14,6 @@ class FieldError(ValueError):
         super().__init__(f"{'.'.join(map(str, loc))}: {message}")
         self.loc = loc
         self.message = message
-
-
-class UnknownRequestError(LookupError):
-    """An observation for a request id the service has no decision for (404)."""
 
 
 class ConflictError(RuntimeError):

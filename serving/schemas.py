@@ -265,12 +265,14 @@ class RouteResponse(ScoreResponse):
 
 
 class ObservationResponse(BaseModel):
-    """Outcome of an observation: ``recorded`` (durable when returned) or ``duplicate`` (already recorded)."""
+    """Outcome of an observation, durable when returned: ``recorded`` (joined to its decision), ``unjoined``
+    (recorded without a decision: none is known for the id, e.g. it was lost in a crash before its commit)
+    or ``duplicate`` (already recorded)."""
 
     request_id: int
-    status: Literal["recorded", "duplicate"]
-    run_id: str
-    worker_id: int
+    status: Literal["recorded", "unjoined", "duplicate"]
+    run_id: str = Field(description="the decision's run; for an unjoined observation, the run that recorded it")
+    worker_id: int | None = Field(description="the chosen worker; null for an unjoined observation")
 
 
 class SnapshotAck(BaseModel):

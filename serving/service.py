@@ -29,7 +29,12 @@ include the disk); they are committed in groups within ``decision_linger_s``
 (0.5 s; one insert costs about 6.5 ms of CPU whatever its rows: 6.8 ms per
 decision inserted alone, 0.54 ms in groups of 12), and at the latest together
 with their observation, which is queued
-after them.
+after them. A decision still queued when the process dies (``kill -9``) is
+lost, and its observation is then recorded all the same, in
+``unjoined_observations`` (answered ``unjoined``): no observation a client
+sends after an acknowledged route is refused or lost. This was chosen over
+answering ``/v1/route`` after the commit, which would put a group commit
+(the linger, then an ``fdatasync``) into every routing decision's latency.
 
 After a restart the service reloads the newest ``max_decisions`` chosen
 candidates of earlier ``serve`` runs from the log, so a request routed before
@@ -54,20 +59,27 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import Namespace, RouteDecision, RouteRequest, WorkerSnapshot
-from kvcost.data.log_rows import CandidateBatch, RequestRow, read_chosen_candidates, request_batch
+from kvcost.data.log_rows import (
+    CandidateBatch,
+    RequestRow,
+    UnjoinedObservation,
+    read_chosen_candidates,
+    read_unjoined_ids,
+    request_batch,
+)
 from kvcost.data.log_writer import LogUnavailableError, LogWriter
 from kvcost.data.store import TERMS_AND_TTFT, LogStore
 from kvcost.models.term_set import TermModelSet
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.router import Router
 from kvcost.serving.engines.kv_subscriber import KVEventSubscriber
-from kvcost.serving.errors import UnknownRequestError
 from kvcost.serving.metrics import ServiceMetrics, StateSample
 from kvcost.serving.model_loading import (
     ModelLoader,
@@ -147,6 +159,8 @@ class ScoringService:
         self.routing: Routing | None = None
         self._store: LogStore | None = None
         self._writer: LogWriter | None = None
+        #: Ids of unjoined observations, newest last: None once committed, the commit's future while in it.
+        self._unjoined: OrderedDict[int, asyncio.Future | None] = OrderedDict()
         self.models = ModelManager(
             loader,
             lister,
@@ -253,6 +267,8 @@ class ScoringService:
         )
         if rows:
             _log.info("reloaded %d decisions of earlier serve runs from %s", len(rows), self.settings.db_path)
+        for request_id in read_unjoined_ids(store, self.settings.max_decisions):
+            self._remember_unjoined(request_id)
 
     # -------------------------------------------------------------------- models
 
@@ -355,20 +371,19 @@ class ScoringService:
         """Record the actual times of a routed request in ``requests``; returns after the commit.
 
         Idempotent on the request id: a second observation (or one racing the
-        first) returns ``duplicate`` and writes nothing.
+        first) returns ``duplicate`` and writes nothing. An id with no decision
+        (routed just before a crash, whose decision was not committed yet; older
+        than the last ``max_decisions``; or never routed) is recorded all the same
+        in ``unjoined_observations`` and answered ``unjoined``: an observation is
+        never refused for want of its decision.
 
         Raises:
-            UnknownRequestError: no remembered decision for the id.
             LogUnavailableError: the commit failed (nothing recorded; retry).
         """
         self._require_started()
         decision = self.routing.decisions.get(body.request_id)
         if decision is None:
-            self.metrics.observations.labels("unknown").inc()
-            raise UnknownRequestError(
-                f"request_id {body.request_id} is unknown: never routed by this service's log, "
-                f"or older than the last {self.settings.max_decisions} decisions"
-            )
+            return await self._observe_unjoined(body)
         while decision.pending is not None:  # an observation of this id is in commit; DecisionRecord.settle clears it
             await asyncio.wait([decision.pending])
         if decision.observed:
@@ -394,6 +409,43 @@ class ScoringService:
         return ObservationResponse(
             request_id=body.request_id, status="recorded", run_id=decision.run_id, worker_id=decision.worker_id
         )
+
+    async def _observe_unjoined(self, body: ObservationIn) -> ObservationResponse:
+        """Record an observation without a decision in ``unjoined_observations`` (idempotent on its id)."""
+        answer = ObservationResponse(request_id=body.request_id, status="unjoined", run_id=self.run_id, worker_id=None)
+        while (pending := self._unjoined.get(body.request_id, False)) is not False:
+            if pending is None:  # committed before
+                self.metrics.observations.labels("duplicate").inc()
+                return answer.model_copy(update={"status": "duplicate"})
+            await asyncio.wait([pending])  # in commit; it settles the entry either way
+        row = UnjoinedObservation(
+            body.request_id,
+            self.clock(),
+            tuple(getattr(body, f"{term}_s") for term in TERMS_AND_TTFT),
+            body.output_tokens,
+            body.actual_reuse_tokens,
+            body.tpot_s,
+            body.e2e_s,
+        )
+        pending = asyncio.wrap_future(self._writer.submit(row.batch(self.run_id), urgent=True))
+        self._unjoined[body.request_id] = pending
+        try:
+            await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            del self._unjoined[body.request_id]
+            self.metrics.observations.labels("failed").inc()
+            raise LogUnavailableError(f"observation not recorded: {one_line(exc)}") from exc
+        self._remember_unjoined(body.request_id)
+        self.metrics.observations.labels("unjoined").inc()
+        return answer
+
+    def _remember_unjoined(self, request_id: int) -> None:
+        self._unjoined[request_id] = None
+        self._unjoined.move_to_end(request_id)
+        while len(self._unjoined) > self.settings.max_decisions:
+            self._unjoined.popitem(last=False)
 
     def _count_errors(self, body: ObservationIn | MeasuredOutcome, d: DecisionRecord) -> None:
         for term, predicted in zip(TERMS_AND_TTFT, d.predicted_s, strict=True):

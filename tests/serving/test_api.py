@@ -158,10 +158,26 @@ def test_observe_joins_its_decision_and_is_idempotent(client, tmp_path):
     assert joined == [(1,)]
 
 
-def test_observe_unknown_request_is_404(client):
-    response = client.post("/v1/observe", json={"request_id": 99, "ttft_s": 0.1}, headers=AUTH)
-    assert response.status_code == 404
-    assert "request_id 99 is unknown" in response.json()["detail"]
+def test_an_observation_without_a_decision_is_recorded_unjoined_once(client, tmp_path):
+    body = {"request_id": 99, "ttft_s": 0.1, "queue_s": 0.02, "output_tokens": 7, "e2e_s": 0.4}
+    first = client.post("/v1/observe", json=body, headers=AUTH)
+    run_id = client.app.state.service.run_id
+    assert first.status_code == 200
+    assert first.json() == {"request_id": 99, "status": "unjoined", "run_id": run_id, "worker_id": None}
+    again = client.post("/v1/observe", json={**body, "ttft_s": 9.0}, headers=AUTH).json()
+    assert again["status"] == "duplicate"
+    metrics = client.get("/metrics").text
+    assert 'kvcost_observations_total{result="unjoined"} 1.0' in metrics
+    assert 'kvcost_observations_total{result="duplicate"} 1.0' in metrics
+    client.__exit__(None, None, None)
+
+    got = rows(
+        tmp_path / "log.duckdb",
+        "SELECT run_id, request_id, actual_queue_s, actual_prefill_s, actual_ttft_s, output_tokens, e2e_s "
+        "FROM unjoined_observations",
+    )
+    assert got == [(run_id, 99, 0.02, None, 0.1, 7, 0.4)]
+    assert rows(tmp_path / "log.duckdb", "SELECT count(*) FROM requests") == [(0,)]
 
 
 def test_routing_the_same_request_id_twice_is_409(client):

@@ -3,6 +3,7 @@
 Every wait is bounded; the process is always stopped (SIGKILL as a last resort).
 """
 
+import os
 import signal
 import socket
 import subprocess
@@ -33,14 +34,15 @@ def free_port() -> int:
 class Server:
     """``kvcost serve`` in a subprocess, working directory ``tmp_path`` (its relative paths stay there)."""
 
-    def __init__(self, tmp_path: Path, db: Path) -> None:
+    def __init__(self, tmp_path: Path, db: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         (tmp_path / "token").write_text(TOKEN)
         args = [sys.executable, "-m", "kvcost.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         args += ["--db", str(db), "--analytic-only", "--token-file", str(tmp_path / "token"), "--log-level", "warning"]
         self.log = (tmp_path / f"serve-{self.port}.log").open("w")
-        self.proc = subprocess.Popen(args, cwd=tmp_path, stdout=self.log, stderr=subprocess.STDOUT)
+        env = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen(args, cwd=tmp_path, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if self.proc.poll() is not None:
@@ -138,3 +140,28 @@ def test_acknowledged_observations_survive_kill_9(tmp_path, servers):
         chosen = con.execute("SELECT count(*) FROM candidates WHERE chosen").fetchall()
     assert got == [(i, pytest.approx(0.01 * (i + 1))) for i in range(n)] + [(1000, 0.5)]
     assert chosen == [(n + 1,)]
+
+
+def test_observations_of_routes_lost_in_a_kill_9_are_recorded_unjoined(tmp_path, servers):
+    db = tmp_path / "log.duckdb"
+    n = 30
+    server = Server(tmp_path, db, env={"KVCOST_DECISION_LINGER_S": "10"})  # the decisions stay queued
+    servers.append(server)
+    with httpx.Client(base_url=server.url, timeout=10.0, headers=AUTH) as http:
+        routed = [http.post("/v1/route", json=make_body(request_id=i)).status_code for i in range(n)]
+    assert routed == [200] * n
+    server.kill()
+
+    restarted = Server(tmp_path, db)
+    servers.append(restarted)
+    with httpx.Client(base_url=restarted.url, timeout=10.0, headers=AUTH) as http:
+        answers = [http.post("/v1/observe", json={"request_id": i, "ttft_s": 0.01 * (i + 1)}) for i in range(n)]
+        again = http.post("/v1/observe", json={"request_id": 0, "ttft_s": 9.0}).json()["status"]
+    assert [a.json()["status"] for a in answers] == ["unjoined"] * n
+    assert again == "duplicate"
+    restarted.kill()
+    with duckdb.connect(str(db), read_only=True) as con:
+        decisions = con.execute("SELECT count(*) FROM candidates").fetchall()
+        kept = con.execute("SELECT request_id, actual_ttft_s FROM unjoined_observations ORDER BY 1").fetchall()
+    assert decisions == [(0,)]  # every acknowledged route was lost with the process
+    assert kept == [(i, pytest.approx(0.01 * (i + 1))) for i in range(n)]  # and no observation of one

@@ -64,9 +64,9 @@ def test_decision_store_is_a_bounded_lru(tmp_path):
         for request_id in range(5):
             assert client.post("/v1/route", json=make_body(request_id=request_id), headers=AUTH).status_code == 200
         assert client.app.state.service.decisions_in_memory() == 3
-        for request_id, status in ((0, 404), (1, 404), (2, 200), (4, 200)):
+        for request_id, status in ((0, "unjoined"), (1, "unjoined"), (2, "recorded"), (4, "recorded")):
             observed = client.post("/v1/observe", json={"request_id": request_id, "ttft_s": 0.1}, headers=AUTH)
-            assert observed.status_code == status, request_id
+            assert observed.json()["status"] == status, request_id
 
 
 def test_restart_reloads_decisions_from_the_log(tmp_path):
@@ -75,8 +75,11 @@ def test_restart_reloads_decisions_from_the_log(tmp_path):
         first_run = client.post("/v1/route", json=make_body(request_id=1), headers=AUTH).json()["run_id"]
         client.post("/v1/route", json=make_body(request_id=2), headers=AUTH)
         client.post("/v1/observe", json={"request_id": 1, "ttft_s": 0.1}, headers=AUTH)
+        client.post("/v1/observe", json={"request_id": 77, "ttft_s": 0.3}, headers=AUTH)  # no decision: unjoined
     with TestClient(create_app(settings)) as client:
         assert client.app.state.service.run_id != first_run
+        unjoined = client.post("/v1/observe", json={"request_id": 77, "ttft_s": 0.3}, headers=AUTH).json()
+        assert (unjoined["status"], unjoined["worker_id"]) == ("duplicate", None)
         again = client.post("/v1/observe", json={"request_id": 1, "ttft_s": 0.1}, headers=AUTH).json()
         assert (again["status"], again["run_id"]) == ("duplicate", first_run)
         late = client.post("/v1/observe", json={"request_id": 2, "ttft_s": 0.2}, headers=AUTH).json()
