@@ -49,86 +49,23 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from kvcost.core.types import TIER_CODES, DirectoryMatch, Namespace
-
-# Holder encoding (see the module docstring): the low _TIER_BITS bits of a packed
-# holder are the tier mask, the rest the worker id.
-_TIER_BITS = 5
-_MASK = (1 << _TIER_BITS) - 1
-_TIER_BIT: dict[str, int] = {name: 1 << code for name, code in TIER_CODES.items() if code > 0}
-assert max(TIER_CODES.values()) < _TIER_BITS, "tier codes must fit the packed tier mask"
-_TIERS_BY_CODE: tuple[str, ...] = tuple(sorted(_TIER_BIT, key=TIER_CODES.__getitem__))
-
-
-def _tiers_of_mask(mask: int) -> tuple[str, ...]:
-    return tuple(name for name in _TIERS_BY_CODE if mask & _TIER_BIT[name])
-
-
-#: Fastest tier (lowest code) of each tier mask; ``"none"`` for 0.
-_BEST_TIER: tuple[str, ...] = tuple((_tiers_of_mask(m) or ("none",))[0] for m in range(1 << _TIER_BITS))
-
-_Holders = int | dict  # packed single holder (an int or a _Run), or {worker_id: tier_mask}
-_NEVER = float("-inf")
-
-
-def _packable(worker_id: object) -> bool:
-    return type(worker_id) is int and worker_id >= 0
-
-
-class _Run(int):
-    """Packed single holder shared by a chain of blocks one worker stored in one tier.
-
-    Its int value is the packed holder. ``hashes`` is the chain, in order: the blocks
-    of an ``apply_stored`` call that created them all (at least 2), or a block and the
-    new blocks of a call naming it as ``parent_hash``, extended by later calls whose
-    ``parent_hash`` is the chain's last block (the next prefill chunk, the blocks
-    decode fills). The first ``intact`` hashes still have this object as their value:
-    changing one of them lowers ``intact`` (:func:`_detach`). Blocks may have this
-    object as value without being among the vouched hashes.
-    """
-
-    hashes: list[int]
-    intact: int
-
-
-def _detach(run: _Run, block_hash: int) -> None:
-    """``block_hash``, a block of ``run``, is about to get another value: shorten the run's intact prefix."""
-    intact = run.intact
-    if not intact:
-        return
-    if run.hashes[intact - 1] == block_hash:  # evictions come tail first
-        run.intact = intact - 1
-        return
-    try:
-        run.intact = run.hashes.index(block_hash, 0, intact)
-    except ValueError:
-        pass
-
-
-def _run_blocks(run: _Run, request: list[int], i: int) -> int:
-    """How many request blocks from ``i`` on (≥ 1; block ``i`` is in ``run``) the run vouches for."""
-    intact = run.intact
-    if intact < 2:
-        return 1
-    hashes = run.hashes
-    if hashes[0] == request[i]:
-        p = 0
-    else:
-        try:
-            p = hashes.index(request[i], 1, intact)
-        except ValueError:
-            return 1
-    k = min(intact - p, len(request) - i)
-    if k < 2 or request[i + 1 : i + k] == hashes[p + 1 : p + k]:
-        return max(k, 1)
-    lo, hi = 1, k - 1  # longest common prefix by bisection: request[i:i+lo] == hashes[p:p+lo]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if request[i + lo : i + mid] == hashes[p + lo : p + mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+from kvcost.core.types import DirectoryMatch, Namespace
+from kvcost.routing.holders import (
+    _BEST_TIER,
+    _MASK,
+    _NEVER,
+    _TIER_BIT,
+    _TIER_BITS,
+    _clear_mask,
+    _detach,
+    _drop,
+    _Holders,
+    _mask_of,
+    _packable,
+    _Run,
+    _run_blocks,
+    _tiers_of_mask,
+)
 
 
 class CacheDirectory:
@@ -517,54 +454,3 @@ class CacheDirectory:
         if namespace is not None:
             return len(self._trees.get(namespace, {}))
         return sum(len(tree) for tree in self._trees.values())
-
-
-def _mask_of(holders: _Holders, worker_id: int) -> int:
-    """Tier mask of ``worker_id`` in a block's holders (0 when it does not hold the block)."""
-    if type(holders) is dict:
-        return holders.get(worker_id, 0)
-    return holders & _MASK if holders >> _TIER_BITS == worker_id else 0
-
-
-def _clear_mask(tier: str | None) -> int:
-    """Tier bits to clear for ``tier`` (every bit for ``None``); ValueError for an unknown name."""
-    if tier is None:
-        return _MASK
-    if tier not in _TIER_BIT:
-        raise ValueError(f"tier = {tier!r}, expected one of gpu, cpu, disk, remote")
-    return _TIER_BIT[tier]
-
-
-def _drop(tree: dict[int, _Holders], worker_id: int, block_hashes: Iterable[int], clear_mask: int) -> None:
-    """Clear the tier bits ``clear_mask`` of ``worker_id`` on ``block_hashes``; delete blocks nobody holds."""
-    get = tree.get
-    keep_mask = _MASK & ~clear_mask
-    for block_hash in block_hashes:
-        holders = get(block_hash)
-        if holders is None:
-            continue
-        if type(holders) is not dict:
-            if holders >> _TIER_BITS != worker_id:
-                continue
-            if type(holders) is _Run:
-                _detach(holders, block_hash)
-            mask = holders & keep_mask
-            if mask:
-                tree[block_hash] = (holders & ~_MASK) | mask
-            else:
-                del tree[block_hash]
-            continue
-        mask = holders.get(worker_id)
-        if mask is None:
-            continue
-        mask &= keep_mask
-        if mask:
-            holders[worker_id] = mask
-            continue
-        del holders[worker_id]
-        if len(holders) == 1:
-            ((other, other_mask),) = holders.items()
-            if _packable(other):
-                tree[block_hash] = (other << _TIER_BITS) | other_mask
-        elif not holders:
-            del tree[block_hash]
