@@ -39,6 +39,11 @@ do it): :meth:`CacheDirectory.record_routed` records the blocks routed to a
 worker as held in ``"gpu"``, and :meth:`CacheDirectory.expire_routed` forgets
 them after a TTL.
 
+Size: each worker may hold at most ``max_blocks_per_worker`` blocks (every tier and
+namespace; approximate-mode records included). Past it, the blocks it has held
+longest are dropped (as if removed; vLLM's own eviction is LRU, so the oldest stored
+are the likeliest to be gone already) and counted in :attr:`CacheDirectory.capped_blocks`.
+
 Thread safety: not thread-safe; one owner applies events and queries, or every
 caller holds one shared lock (``KVEventSubscriber.lock``). Time is always passed
 in (``now_s``); nothing reads a clock.
@@ -64,8 +69,16 @@ from kvcost.routing.holders import (
     _packable,
     _Run,
     _run_blocks,
+    _StoreOrder,
     _tiers_of_mask,
 )
+
+#: Default cap on the blocks one worker may hold in the directory (every tier and namespace), 2^20. An engine
+#: holds far fewer: 141 GB of HBM at 32 KiB of KV per token (a 1B-class model, bf16) and 16-token blocks is
+#: 270k blocks, and a 1 TB CPU tier of an 8B model (2 MiB blocks) 500k. At about 100 bytes per block
+#: (88 in the index, measured by tests/routing/test_directory_bench.py, plus the cap's order) this is
+#: ~100 MB per worker at most. It bounds memory against a flood or lost removal events, not routing.
+DEFAULT_MAX_BLOCKS_PER_WORKER = 1 << 20
 
 
 class CacheDirectory:
@@ -79,7 +92,13 @@ class CacheDirectory:
         2
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_blocks_per_worker: int = DEFAULT_MAX_BLOCKS_PER_WORKER) -> None:
+        if not (type(max_blocks_per_worker) is int and max_blocks_per_worker >= 1):
+            raise ValueError(f"max_blocks_per_worker = {max_blocks_per_worker!r}, expected an integer ≥ 1")
+        self.max_blocks_per_worker = max_blocks_per_worker
+        #: Blocks dropped per worker because it passed ``max_blocks_per_worker`` (oldest stored first).
+        self.capped_blocks: dict[int, int] = {}
+        self._order: dict[int, _StoreOrder] = {}  # per worker: the blocks it holds, oldest first
         self._trees: dict[Namespace, dict[int, _Holders]] = {}
         self._last_event_s: dict[int, float] = {}
         self._namespaces_of: dict[int, set[Namespace]] = {}  # namespaces a worker ever stored into
@@ -121,6 +140,7 @@ class CacheDirectory:
             namespaces = self._namespaces_of[worker_id] = set()
         namespaces.add(namespace)
         get = tree.get
+        new: list[int] = []  # blocks the worker did not hold in any tier
         if _packable(worker_id):
             packed = (worker_id << _TIER_BITS) | bit
             run = get(parent_hash) if parent_hash is not None else None
@@ -142,8 +162,12 @@ class CacheDirectory:
                 if holders is None:
                     tree[block_hash] = run
                     created += 1
+                    new.append(block_hash)
                 elif type(holders) is dict:
-                    holders[worker_id] = holders.get(worker_id, 0) | bit
+                    mask = holders.get(worker_id, 0)
+                    holders[worker_id] = mask | bit
+                    if not mask:
+                        new.append(block_hash)
                 elif holders >> _TIER_BITS == worker_id:
                     if not holders & bit:
                         if type(holders) is _Run:
@@ -153,6 +177,7 @@ class CacheDirectory:
                     if type(holders) is _Run:
                         _detach(holders, block_hash)
                     tree[block_hash] = {holders >> _TIER_BITS: holders & _MASK, worker_id: bit}
+                    new.append(block_hash)
             if type(run) is _Run:
                 if created == len(block_hashes):  # a chain of new blocks: the run can vouch for it
                     if extend:
@@ -168,13 +193,20 @@ class CacheDirectory:
                 holders = get(block_hash)
                 if holders is None:
                     tree[block_hash] = {worker_id: bit}
+                    new.append(block_hash)
                 elif type(holders) is dict:
-                    holders[worker_id] = holders.get(worker_id, 0) | bit
+                    mask = holders.get(worker_id, 0)
+                    holders[worker_id] = mask | bit
+                    if not mask:
+                        new.append(block_hash)
                 else:
                     if type(holders) is _Run:
                         _detach(holders, block_hash)
                     tree[block_hash] = {holders >> _TIER_BITS: holders & _MASK, worker_id: bit}
+                    new.append(block_hash)
         self._last_event_s[worker_id] = now_s
+        if new:
+            self._held(worker_id, namespace, new)
 
     def apply_removed(
         self,
@@ -196,7 +228,7 @@ class CacheDirectory:
         clear_mask = _clear_mask(tier)
         tree = self._trees.get(namespace)
         if tree is not None:
-            _drop(tree, worker_id, block_hashes, clear_mask)
+            self._released(worker_id, _drop(tree, worker_id, block_hashes, clear_mask))
         self._last_event_s[worker_id] = now_s
 
     def apply_removed_everywhere(
@@ -218,11 +250,11 @@ class CacheDirectory:
         namespaces = self._namespaces_of.get(worker_id, ())
         if len(namespaces) == 1:
             (namespace,) = namespaces
-            _drop(self._trees[namespace], worker_id, block_hashes, clear_mask)
+            self._released(worker_id, _drop(self._trees[namespace], worker_id, block_hashes, clear_mask))
         elif namespaces:
             hashes = list(block_hashes)
             for namespace in namespaces:
-                _drop(self._trees[namespace], worker_id, hashes, clear_mask)
+                self._released(worker_id, _drop(self._trees[namespace], worker_id, hashes, clear_mask))
         self._last_event_s[worker_id] = now_s
 
     def clear_worker(self, worker_id: int, now_s: float, tier: str | None = None) -> None:
@@ -242,7 +274,7 @@ class CacheDirectory:
         for namespace in list(self._namespaces_of.get(worker_id, ())):
             tree = self._trees[namespace]
             mine = [h for h, v in tree.items() if (worker_id in v if type(v) is dict else v >> _TIER_BITS == worker_id)]
-            _drop(tree, worker_id, mine, clear_mask)
+            self._released(worker_id, _drop(tree, worker_id, mine, clear_mask))
             if tier is not None and not held_elsewhere:
                 held_elsewhere = any(h in tree and _mask_of(tree[h], worker_id) for h in mine)
         if not held_elsewhere:
@@ -252,8 +284,41 @@ class CacheDirectory:
         if tier is None:
             for key in [key for key in self._routed if key[1] == worker_id]:
                 del self._routed[key]
+            self._order.pop(worker_id, None)
             self._clears[worker_id] = self._clears.get(worker_id, 0) + 1
         self._last_event_s[worker_id] = now_s
+
+    def blocks_held(self, worker_id: int) -> int:
+        """Blocks ``worker_id`` holds in any tier, all namespaces (≤ ``max_blocks_per_worker``)."""
+        order = self._order.get(worker_id)
+        return order.held if order is not None else 0
+
+    def _held(self, worker_id: int, namespace: Namespace, new_hashes: list[int]) -> None:
+        """``worker_id`` came to hold ``new_hashes``; past the cap its oldest blocks are dropped."""
+        order = self._order.get(worker_id)
+        if order is None:
+            order = self._order[worker_id] = _StoreOrder()
+        order.add(namespace, new_hashes)
+        if order.held > self.max_blocks_per_worker:
+            self._drop_oldest(worker_id, order)
+        if order.entries > 2 * order.held + 1024:
+            order.compact(self._trees, worker_id)
+
+    def _drop_oldest(self, worker_id: int, order: _StoreOrder) -> None:
+        dropped = 0
+        while order.held > self.max_blocks_per_worker and (oldest := order.pop_oldest()) is not None:
+            namespace, block_hash = oldest
+            if _drop(self._trees[namespace], worker_id, (block_hash,), _MASK):
+                order.held -= 1
+                dropped += 1
+                routed = self._routed.get((namespace, worker_id))
+                if routed is not None:
+                    routed.pop(block_hash, None)
+        self.capped_blocks[worker_id] = self.capped_blocks.get(worker_id, 0) + dropped
+
+    def _released(self, worker_id: int, blocks: int) -> None:
+        if blocks:
+            self._order[worker_id].held -= blocks
 
     def clears(self, worker_id: int) -> int:
         """How many full :meth:`clear_worker` calls (every tier: an engine restart) ``worker_id`` has had, ≥ 0.
@@ -337,7 +402,7 @@ class CacheDirectory:
                 expired.append(block_hash)
             if expired:
                 namespace, worker_id = key
-                _drop(self._trees[namespace], worker_id, expired, _TIER_BIT["gpu"])
+                self._released(worker_id, _drop(self._trees[namespace], worker_id, expired, _TIER_BIT["gpu"]))
                 dropped += len(expired)
             if not routed:
                 del self._routed[key]

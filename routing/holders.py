@@ -13,6 +13,7 @@ Private to :mod:`kvcost.routing.directory`; not thread-safe.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 
 from kvcost.core.types import TIER_CODES
@@ -113,10 +114,15 @@ def _clear_mask(tier: str | None) -> int:
     return _TIER_BIT[tier]
 
 
-def _drop(tree: dict[int, _Holders], worker_id: int, block_hashes: Iterable[int], clear_mask: int) -> None:
-    """Clear the tier bits ``clear_mask`` of ``worker_id`` on ``block_hashes``; delete blocks nobody holds."""
+def _drop(tree: dict[int, _Holders], worker_id: int, block_hashes: Iterable[int], clear_mask: int) -> int:
+    """Clear the tier bits ``clear_mask`` of ``worker_id`` on ``block_hashes``; delete blocks nobody holds.
+
+    Returns:
+        Blocks ``worker_id`` no longer holds in any tier that it held before (≥ 0).
+    """
     get = tree.get
     keep_mask = _MASK & ~clear_mask
+    gone = 0
     for block_hash in block_hashes:
         holders = get(block_hash)
         if holders is None:
@@ -131,6 +137,7 @@ def _drop(tree: dict[int, _Holders], worker_id: int, block_hashes: Iterable[int]
                 tree[block_hash] = (holders & ~_MASK) | mask
             else:
                 del tree[block_hash]
+                gone += 1
             continue
         mask = holders.get(worker_id)
         if mask is None:
@@ -139,6 +146,7 @@ def _drop(tree: dict[int, _Holders], worker_id: int, block_hashes: Iterable[int]
         if mask:
             holders[worker_id] = mask
             continue
+        gone += 1
         del holders[worker_id]
         if len(holders) == 1:
             ((other, other_mask),) = holders.items()
@@ -146,3 +154,66 @@ def _drop(tree: dict[int, _Holders], worker_id: int, block_hashes: Iterable[int]
                 tree[block_hash] = (other << _TIER_BITS) | other_mask
         elif not holders:
             del tree[block_hash]
+    return gone
+
+
+class _StoreOrder:
+    """The blocks one worker came to hold, oldest first, for the directory's cap (one per worker).
+
+    ``held`` is exact: the ``(namespace, block hash)`` pairs the worker holds in any
+    tier. The order is kept lazily, 8 bytes per entry: per namespace a deque of
+    hashes, and the sequence of namespaces as runs ``[namespace, count]``. An entry
+    whose block was removed since stays until :meth:`pop_oldest` or
+    :meth:`compact` meets it; :meth:`compact` runs once the entries outnumber
+    twice ``held`` plus 1,024, so the order costs at most about three entries
+    per held block (amortised O(1) per store).
+    """
+
+    __slots__ = ("held", "hashes", "runs", "entries")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.entries = 0
+        self.hashes: dict[object, deque[int]] = {}
+        self.runs: deque[list] = deque()  # [namespace, entries], oldest first
+
+    def add(self, namespace: object, new_hashes: list[int]) -> None:
+        """``new_hashes``: blocks of ``namespace`` the worker did not hold before, in store order."""
+        queue = self.hashes.get(namespace)
+        if queue is None:
+            queue = self.hashes[namespace] = deque()
+        queue.extend(new_hashes)
+        if self.runs and self.runs[-1][0] == namespace:
+            self.runs[-1][1] += len(new_hashes)
+        else:
+            self.runs.append([namespace, len(new_hashes)])
+        self.held += len(new_hashes)
+        self.entries += len(new_hashes)
+
+    def pop_oldest(self) -> tuple[object, int] | None:
+        """The oldest entry ``(namespace, block hash)``, removed from the order; None when there is none."""
+        if not self.runs:
+            return None
+        run = self.runs[0]
+        run[1] -= 1
+        if not run[1]:
+            self.runs.popleft()
+        self.entries -= 1
+        return run[0], self.hashes[run[0]].popleft()
+
+    def compact(self, trees: dict[object, dict[int, _Holders]], worker_id: int) -> None:
+        """Drop the entries of blocks the worker no longer holds, and all but the newest entry of each block."""
+        kept: list[tuple[object, int]] = []
+        seen: set[tuple[object, int]] = set()
+        for namespace, count in reversed(self.runs):
+            queue, tree = self.hashes[namespace], trees.get(namespace, {})
+            for _ in range(count):
+                block_hash = queue.pop()
+                key, holders = (namespace, block_hash), tree.get(block_hash)
+                if key not in seen and holders is not None and _mask_of(holders, worker_id):
+                    seen.add(key)
+                    kept.append(key)
+        self.hashes, self.runs, self.entries, held = {}, deque(), 0, self.held
+        for namespace, block_hash in reversed(kept):
+            self.add(namespace, [block_hash])
+        self.held = held

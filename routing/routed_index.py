@@ -100,6 +100,10 @@ class InFlightPrefixes:
     expiry time passes (:meth:`expire`). A block in the per-worker count is a
     prefix held by some entry, so :meth:`match` is a radix-tree prefix walk.
 
+    Size: past ``max_blocks_per_worker`` distinct blocks on one ``(namespace, worker)``,
+    the entries routed there longest ago are dropped (an entry lives seconds, so
+    this binds only a flood of distinct prefixes).
+
     Cost: :meth:`add` O(chain), :meth:`match` O(matched blocks), :meth:`confirm`
     O(stored chain), :meth:`expire` O(log entries) per entry dropped (a heap with
     lazy deletion), so a route stays cheap however many entries are held.
@@ -117,8 +121,13 @@ class InFlightPrefixes:
         [0, 0]
     """
 
-    def __init__(self) -> None:
-        # (namespace, worker) -> {last hash: (expires_s, chain)}; block hash -> entries holding it
+    def __init__(self, max_blocks_per_worker: int = 1 << 20) -> None:
+        if not (type(max_blocks_per_worker) is int and max_blocks_per_worker >= 1):
+            raise ValueError(f"max_blocks_per_worker = {max_blocks_per_worker!r}, expected an integer ≥ 1")
+        self.max_blocks_per_worker = max_blocks_per_worker
+        #: Entries dropped because their ``(namespace, worker)`` passed ``max_blocks_per_worker`` blocks.
+        self.capped_entries = 0
+        # (namespace, worker) -> {last hash: (expires_s, chain)}, oldest added first; block hash -> entries holding it
         self._entries: dict[tuple[object, int], dict[int, tuple[float, tuple[int, ...]]]] = {}
         self._counts: dict[tuple[object, int], dict[int, int]] = {}
         self._expiry: list[tuple[float, int, tuple[object, int], int]] = []  # (expires_s, seq, key, last hash)
@@ -141,6 +150,9 @@ class InFlightPrefixes:
             counts = self._counts.setdefault(key, {})
             for block_hash in block_hashes:
                 counts[block_hash] = counts.get(block_hash, 0) + 1
+            while len(counts) > self.max_blocks_per_worker and len(entries) > 1:
+                self._remove(key, next(iter(entries)))
+                self.capped_entries += 1
         self._seq += 1
         heapq.heappush(self._expiry, (expires_s, self._seq, key, last))
 

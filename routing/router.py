@@ -238,7 +238,7 @@ class Router:
         self._window: deque[tuple[int, int]] = deque(maxlen=settings.skew_window_requests)
         self._window_tokens: dict[int, int] = {}
         counts = settings.count_in_flight and self.policy.counts_in_flight
-        own = InFlightPrefixes() if reads_from is None else reads_from.in_flight
+        own = InFlightPrefixes(directory.max_blocks_per_worker) if reads_from is None else reads_from.in_flight
         self.in_flight: InFlightPrefixes | None = own if counts else None
         self._clears_seen: dict[int, int] = {}  # the directory's clears per worker when last routed
         self.interval = AdaptiveConformalScale() if reads_from is None else reads_from.interval

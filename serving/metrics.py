@@ -31,6 +31,10 @@ Exposed at ``GET /metrics`` (names as scraped; counters gain ``_total``):
                                                  or its engine does not answer)
 ``kvcost_directory_mode``                        per ``worker`` and ``mode`` (exact: KV events; approximate:
                                                  routed prefixes with a TTL): 1 for the worker's mode
+``kvcost_directory_capped_blocks_total``         per ``worker``: blocks dropped because it passed the cap
+                                                 (``max_directory_blocks_per_worker``), oldest stored first
+``kvcost_directory_blocks_held``                 per ``worker``: blocks it holds in the directory (any tier)
+``kvcost_in_flight_capped_entries_total``        in-flight prefixes dropped at the same cap
 ``kvcost_snapshot_age_seconds``                  per ``worker``: age of its last snapshot (pushed or scraped)
 ``kvcost_decisions_in_memory``                   decisions held for /v1/observe
 ``kvcost_engine_scrapes_total``                  per ``worker`` and ``result`` (ok, timeout, unreachable,
@@ -111,6 +115,9 @@ class StateSample:
         directory_staleness_s: worker id → seconds since its last KV event (``inf`` if never).
         directory_stale: worker id → its entries may be wrong (events were lost, or its engine does not answer).
         directory_mode: worker id → ``exact`` (KV events) or ``approximate`` (routed prefixes with a TTL).
+        directory_blocks_held: worker id → blocks it holds in the directory, any tier and namespace.
+        directory_capped_blocks: worker id → blocks dropped because it passed the directory's cap.
+        in_flight_capped_entries: in-flight prefixes dropped at the cap.
         snapshot_age_s: worker id → seconds since its last snapshot.
         decisions_in_memory: decisions held for ``/v1/observe``.
         kv_event_stats: worker id → the KV-event ingestor's counters (copies).
@@ -121,6 +128,9 @@ class StateSample:
     directory_staleness_s: dict[int, float] = field(default_factory=dict)
     directory_stale: dict[int, bool] = field(default_factory=dict)
     directory_mode: dict[int, str] = field(default_factory=dict)
+    directory_blocks_held: dict[int, int] = field(default_factory=dict)
+    directory_capped_blocks: dict[int, int] = field(default_factory=dict)
+    in_flight_capped_entries: int = 0
     snapshot_age_s: dict[int, float] = field(default_factory=dict)
     decisions_in_memory: int = 0
     kv_event_stats: dict[int, IngestStats] = field(default_factory=dict)
@@ -158,6 +168,7 @@ class _StateCollector:
         for worker, name in sorted(s.directory_mode.items()):
             mode.add_metric([str(worker), name], 1.0)
         yield mode
+        yield from _directory_cap_families(s)
         snap = GaugeMetricFamily("kvcost_snapshot_age_seconds", "Age of the worker's last snapshot", labels=["worker"])
         for worker, age_s in sorted(s.snapshot_age_s.items()):
             snap.add_metric([str(worker)], age_s)
@@ -205,6 +216,28 @@ _KV_COUNTERS: tuple[tuple[str, str, str | None, dict], ...] = (
     ("kvcost_kv_event_replays_requested", "Replays asked of the engine after a gap", None, {"": "replay_requests"}),
     ("kvcost_kv_engine_restarts", "Engine restarts seen (sequence went backwards)", None, {"": "restarts"}),
 )
+
+
+def _directory_cap_families(s: StateSample) -> Iterator[Metric]:
+    held = GaugeMetricFamily(
+        "kvcost_directory_blocks_held", "Blocks the worker holds in the directory, any tier", labels=["worker"]
+    )
+    for worker, blocks in sorted(s.directory_blocks_held.items()):
+        held.add_metric([str(worker)], blocks)
+    yield held
+    capped = CounterMetricFamily(
+        "kvcost_directory_capped_blocks",
+        "Blocks dropped because the worker passed max_directory_blocks_per_worker (oldest stored first)",
+        labels=["worker"],
+    )
+    for worker, blocks in sorted(s.directory_capped_blocks.items()):
+        capped.add_metric([str(worker)], blocks)
+    yield capped
+    yield CounterMetricFamily(
+        "kvcost_in_flight_capped_entries",
+        "In-flight prefixes dropped because their worker passed max_directory_blocks_per_worker",
+        value=s.in_flight_capped_entries,
+    )
 
 
 def _kv_event_families(s: StateSample) -> Iterator[Metric]:

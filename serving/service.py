@@ -150,7 +150,7 @@ class ScoringService:
         self._step_models_option = step_models
         self.metrics = ServiceMetrics()
         self.metrics.watch_state(self._state_sample)
-        self.directory = CacheDirectory()
+        self.directory = CacheDirectory(settings.max_directory_blocks_per_worker)
         self.lock = threading.Lock()
         #: The KV-event subscriber feeding :attr:`directory` (set by the app), for its counters at scrape time.
         self.kv_subscriber: KVEventSubscriber | None = None
@@ -508,11 +508,17 @@ class ScoringService:
             blocks = self.directory.num_blocks()
             matches = self.directory.match(Namespace(""), (), workers, now_s)
             stale = {w: self.directory.is_stale(w) for w in workers}
+            held = {w: self.directory.blocks_held(w) for w in workers}
+            capped = {w: self.directory.capped_blocks.get(w, 0) for w in workers}
+            in_flight = self.routing.router.in_flight
         return StateSample(
             directory_blocks=blocks,
             directory_staleness_s={m.worker_id: m.age_s for m in matches},
             directory_stale=stale,
             directory_mode={w: self.routing.directory_mode(w) for w in workers},
+            directory_blocks_held=held,
+            directory_capped_blocks=capped,
+            in_flight_capped_entries=in_flight.capped_entries if in_flight is not None else 0,
             snapshot_age_s={w: max(0.0, now_s - received_s) for w, (_, received_s) in sorted(pushed.items())},
             decisions_in_memory=len(self.routing.decisions),
             kv_event_stats=kv_stats,

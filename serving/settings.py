@@ -15,6 +15,7 @@ from kvcost.data.store import DEFAULT_LOG_PATH
 from kvcost.models.mlflow_store import check_tracking_uri
 from kvcost.routing.block_hash import DEFAULT_HASH_ALGORITHM, HASH_ALGORITHMS
 from kvcost.routing.compatibility import parse_layout
+from kvcost.routing.directory import DEFAULT_MAX_BLOCKS_PER_WORKER
 from kvcost.routing.policies import ROUTER_POLICIES
 from kvcost.serving.engines.engine_metrics import parse_scrape_target
 from kvcost.serving.engines.kv_subscriber import KVEventSource
@@ -81,6 +82,13 @@ class ServiceSettings(BaseSettings):
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="larger request bodies are refused with 413")
     max_decisions: int = Field(100_000, ge=1, description="decisions kept in memory for /v1/observe (LRU)")
     max_workers: int = Field(65_536, ge=1, description="workers with a pushed snapshot")
+    max_directory_blocks_per_worker: int = Field(
+        DEFAULT_MAX_BLOCKS_PER_WORKER,
+        ge=1,
+        description="blocks one worker may hold in the KV directory (every tier; approximate and in-flight "
+        "prefixes too); past it its oldest stored blocks are dropped and counted "
+        "(kvcost_directory_capped_blocks_total). About 100 bytes per block: the default 2^20 is ~100 MB per worker",
+    )
     max_queued_writes: int = Field(100_000, ge=1, description="log writes queued before writes are refused")
     decision_linger_s: float = Field(
         0.5,

@@ -1,3 +1,5 @@
+import pytest
+
 from kvcost.routing.routed_index import InFlightPrefixes, RoutedPrefixIndex
 
 
@@ -49,3 +51,17 @@ def test_forget_worker_drops_its_entries_in_every_namespace_and_expiry_skips_the
     assert index.forget_worker(0) == 2
     assert index.match("a", [1, 2, 3], [0, 1]) == [0, 3] and index.match("b", [7], [0]) == [0]
     assert index.expire(6.0) == 1 and len(index) == 0
+
+
+def test_in_flight_prefixes_past_the_cap_drop_the_oldest_entries():
+    index = InFlightPrefixes(max_blocks_per_worker=4)
+    index.add("ns", 0, [1, 2], expires_s=5.0)
+    index.add("ns", 0, [1, 2, 3], expires_s=6.0)  # shares blocks 1 and 2: 3 distinct blocks
+    index.add("ns", 1, [8, 9], expires_s=6.0)
+    index.add("ns", 0, [7, 8], expires_s=7.0)  # 5 distinct on worker 0: its oldest entries go until ≤ 4
+    assert (index.match("ns", [1, 2, 3], [0]), index.match("ns", [7, 8], [0, 1])) == ([0], [2, 0])
+    assert (len(index), index.capped_entries) == (2, 2)
+    index.add("ns", 0, [20, 21, 22, 23, 24], expires_s=8.0)  # alone past the cap: the newest entry is kept
+    assert (index.match("ns", [20, 21, 22, 23, 24], [0]), index.capped_entries) == ([5], 3)
+    with pytest.raises(ValueError, match="max_blocks_per_worker = 0, expected an integer ≥ 1"):
+        InFlightPrefixes(max_blocks_per_worker=0)

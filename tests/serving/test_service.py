@@ -5,6 +5,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from kvcost.core.types import Namespace
 from kvcost.routing.policies import ROUTER_POLICIES
 from kvcost.routing.policies.basic import LeastLoadedPolicy
 from kvcost.serving.api import create_app
@@ -144,3 +145,16 @@ def test_racing_observations_of_one_id_record_one_row(tmp_path):
     assert statuses == ["duplicate"] * 4 + ["recorded"]
     with duckdb.connect(str(settings.db_path), read_only=True) as con:
         assert con.execute("SELECT request_id, actual_ttft_s FROM requests").fetchall() == [(8, 0.3)]
+
+
+def test_capped_blocks_reach_the_metrics(tmp_path):
+    with pytest.raises(ValidationError, match="max_directory_blocks_per_worker"):
+        settings_for(tmp_path, max_directory_blocks_per_worker=0)
+    with TestClient(create_app(settings_for(tmp_path, max_directory_blocks_per_worker=2))) as client:
+        service = client.app.state.service
+        service.directory.apply_stored(Namespace("m"), 0, [1, 2, 3], parent_hash=None, tier="gpu", now_s=1.0)
+        assert client.post("/v1/workers/0/snapshot", json={}, headers=AUTH).status_code == 200
+        text = client.get("/metrics").text
+    assert 'kvcost_directory_capped_blocks_total{worker="0"} 1.0' in text
+    assert 'kvcost_directory_blocks_held{worker="0"} 2.0' in text
+    assert "kvcost_in_flight_capped_entries_total 0.0" in text
