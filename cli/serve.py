@@ -32,6 +32,18 @@ def serve(
             "pool expiry (httpx 5 s, aiohttp 15 s; Go's default is 90 s), so the client closes first.",
         ),
     ] = 75.0,
+    head_timeout_s: Annotated[
+        float, typer.Option(min=0.1, help="Close a connection whose request head has not arrived within this long.")
+    ] = 10.0,
+    body_timeout_s: Annotated[
+        float, typer.Option(min=0.1, help="Close a connection whose request body has not arrived within this long.")
+    ] = 60.0,
+    limit_concurrency: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Answer 503 to new requests while this many connections or requests are open (uvicorn)."
+        ),
+    ] = 2048,
 ) -> None:
     """Run the scoring API (POST /v1/score, /v1/route, /v1/observe …) on uvicorn until interrupted.
 
@@ -46,10 +58,17 @@ def serve(
     expires at 5 s, and a loaded event loop widens the window); a client-side expiry
     shorter than the server's avoids the race, as proxies advise for their upstreams.
     Raise it above 90 s for Go clients (their default idle timeout).
+
+    Slow clients are bounded (:mod:`kvcost.serving.http_protocol`, uvicorn has no read
+    timeouts): a request head must arrive within ``--head-timeout-s`` and its body
+    within ``--body-timeout-s`` of the head, else the connection gets 408 and is
+    closed; past ``--limit-concurrency`` open connections or requests, new requests
+    get 503.
     """
     import uvicorn
 
     from kvcost.serving.api import create_app
+    from kvcost.serving.http_protocol import timed_protocol
 
     def build() -> tuple[ServiceSettings, object]:
         settings = make_settings(**registry(mlflow_uri, analytic_only))
@@ -64,9 +83,10 @@ def serve(
         f"kvcost serve on http://{settings.host}:{settings.port} — log {settings.db_path}, registry {registry_text}, "
         f"policy {settings.policy}, {reuse}, {auth}"
     )
-    uvicorn.run(  # loop and http "auto": uvloop and httptools where installed (they are dependencies)
+    uvicorn.run(  # uvloop where installed (a dependency); httptools with read timeouts
         api, host=settings.host, port=settings.port, log_level=log_level, access_log=access_log,
-        timeout_keep_alive=keep_alive_timeout_s, loop="auto", http="auto",
+        timeout_keep_alive=keep_alive_timeout_s, loop="auto", http=timed_protocol(head_timeout_s, body_timeout_s),
+        limit_concurrency=limit_concurrency,
     )  # fmt: skip
 
 

@@ -57,10 +57,11 @@ from kvcost.serving.engines.engine_metrics import EngineMetricsScraper, ScrapeTa
 from kvcost.serving.engines.kv_events import KVEventIngestor
 from kvcost.serving.engines.kv_subscriber import KVEventSubscriber
 from kvcost.serving.engines.liveness import EngineLiveness
+from kvcost.serving.error_bodies import field_error_body, validation_error_body
 from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError
-from kvcost.serving.eviction_wire import rank_request
 from kvcost.serving.gateway.routes import build_gateway, engine_client, openai, openai_error_response
 from kvcost.serving.gateway.sse import OpenAIError
+from kvcost.serving.heavy import HeavyPool, PoolBusyError, parse_score_body
 from kvcost.serving.model_loading import one_line
 from kvcost.serving.schemas import (
     MAX_ID,
@@ -87,19 +88,23 @@ API_VERSION = "1"
 class BodySizeLimitMiddleware:
     """Refuse request bodies over ``max_body_bytes`` with 413: by ``Content-Length`` up front, else as streamed.
 
+    ``path_limits`` raises (or lowers) the limit of single paths: a 100,000-node
+    ``/v1/evict/rank`` body is about 17–35 MiB, parsed in a worker process.
     A chunked body is counted as it is received; the first chunk past the
     limit raises a 413 ``HTTPException`` inside the route's body read, which
     FastAPI passes through to its exception handler. Pure ASGI (no buffering).
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, path_limits: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_limits.get(scope["path"], self.max_body_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             try:
@@ -107,8 +112,8 @@ class BodySizeLimitMiddleware:
             except ValueError:
                 await _plain(send, 400, "invalid Content-Length header")
                 return
-            if length > self.max_body_bytes:
-                await _plain(send, 413, self._message())
+            if length > limit:
+                await _plain(send, 413, _too_large(limit))
                 return
         received = 0
         started = False
@@ -118,8 +123,8 @@ class BodySizeLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise HTTPException(413, self._message())
+                if received > limit:
+                    raise HTTPException(413, _too_large(limit))
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -132,10 +137,11 @@ class BodySizeLimitMiddleware:
         except HTTPException as exc:  # raised outside a route's body read
             if exc.status_code != 413 or started:
                 raise
-            await _plain(send, 413, self._message())
+            await _plain(send, 413, _too_large(limit))
 
-    def _message(self) -> str:
-        return f"request body larger than {self.max_body_bytes} bytes"
+
+def _too_large(limit: int) -> str:
+    return f"request body larger than {limit} bytes"
 
 
 async def _plain(send: Send, status: int, detail: str) -> None:
@@ -188,6 +194,34 @@ _ERRORS = {
     422: {"description": "invalid input; detail[].loc names the field"},
 }
 
+_BUSY = {"description": "the worker pool's queue is full; retry after the Retry-After header's seconds"}
+
+
+def _json_body_of(model: type[BaseModel]) -> dict:
+    """The OpenAPI ``requestBody`` of an endpoint that reads its body itself (its schema is added to the
+    components by :func:`_openapi_with`)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"content": {"application/json": {"schema": ref}}, "required": True}
+
+
+def _openapi_with(app: FastAPI, models: tuple[type[BaseModel], ...]):
+    """``app.openapi`` with the schemas of ``models`` (and of the models they nest) in its components."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            document = generate()
+            components = document.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(schema.pop("$defs", {}))
+                components[model.__name__] = schema
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    return openapi
+
+
 # --------------------------------------------------------------------------- routes
 
 
@@ -199,16 +233,43 @@ def _json(model: BaseModel) -> Response:
 scoring = APIRouter(prefix="/v1", tags=["scoring"])
 
 
-@scoring.post("/score", response_model=ScoreResponse, dependencies=ReadAuth, responses=_ERRORS)
-async def score(body: ScoreRequestIn, service: ServiceDep) -> Response:
+async def _score_body(request: Request) -> ScoreRequestIn | Response:
+    """The request's validated body, or its 422. A body over ``heavy_body_bytes`` is parsed, validated and
+    its tokens hashed in the worker pool (:mod:`kvcost.serving.heavy`), not on the event loop."""
+    raw = await request.body()
+    if len(raw) > request.app.state.heavy_body_bytes:
+        body = await request.app.state.heavy.parse_score(raw)
+    else:
+        body = parse_score_body(raw)
+    if isinstance(body, bytes):
+        return Response(body, status_code=422, media_type="application/json")
+    return body
+
+
+@scoring.post(
+    "/score",
+    response_model=ScoreResponse,
+    dependencies=ReadAuth,
+    responses={**_ERRORS, 503: _BUSY},
+    openapi_extra={"requestBody": _json_body_of(ScoreRequestIn)},
+)
+async def score(request: Request, service: ServiceDep) -> Response:
     """Score every candidate: predicted terms, composed and calibrated TTFT, reuse; no routing side effects."""
-    return _json(service.score(body))
+    body = await _score_body(request)
+    return body if isinstance(body, Response) else _json(service.score(body))
 
 
-@scoring.post("/route", response_model=RouteResponse, dependencies=WriteAuth, responses={**_ERRORS, 409: {}})
-async def route(body: ScoreRequestIn, service: ServiceDep) -> Response:
+@scoring.post(
+    "/route",
+    response_model=RouteResponse,
+    dependencies=WriteAuth,
+    responses={**_ERRORS, 409: {}, 503: _BUSY},
+    openapi_extra={"requestBody": _json_body_of(ScoreRequestIn)},
+)
+async def route(request: Request, service: ServiceDep) -> Response:
     """Choose a worker; record the decision (features and predictions) for ``/v1/observe``."""
-    return _json(service.route(body))
+    body = await _score_body(request)
+    return body if isinstance(body, Response) else _json(service.route(body))
 
 
 observations = APIRouter(prefix="/v1", tags=["observations"])
@@ -237,10 +298,21 @@ async def push_snapshot(
 eviction = APIRouter(prefix="/v1/evict", tags=["eviction"])
 
 
-@eviction.post("/rank", response_model=EvictRankResponse, dependencies=ReadAuth, responses=_ERRORS)
-async def evict_rank(body: EvictRankIn, request: Request) -> Response:
-    """Idle cached prefix nodes in eviction order under a registered policy, each with its value terms."""
-    return _json(rank_request(body, request.app.state.reuse_model))
+@eviction.post(
+    "/rank",
+    response_model=EvictRankResponse,
+    dependencies=ReadAuth,
+    responses={**_ERRORS, 503: _BUSY},
+    openapi_extra={"requestBody": _json_body_of(EvictRankIn)},
+)
+async def evict_rank(request: Request) -> Response:
+    """Idle cached prefix nodes in eviction order under a registered policy, each with its value terms.
+
+    Parsed, validated and ranked in a worker process (:mod:`kvcost.serving.heavy`): a 100,000-node
+    body costs seconds of CPU, which must not stall the event loop; 503 with ``Retry-After`` when
+    the pool's queue is full."""
+    status, content = await request.app.state.heavy.rank(await request.body())
+    return Response(content, status_code=status, media_type="application/json")
 
 
 models = APIRouter(prefix="/v1/cost-models", tags=["models"])
@@ -285,35 +357,8 @@ async def metrics(service: ServiceDep) -> Response:
 # ---------------------------------------------------------------------- error shape
 
 
-def _message(loc: list, msg: str) -> str:
-    path = ".".join(str(p) for p in (loc[1:] if loc and loc[0] == "body" else loc))
-    return f"{path}: {msg}" if path else msg
-
-
-#: Longest input value echoed back in a 422 (a 1M-token body must not come back whole).
-_MAX_ECHO_CHARS = 80
-
-
-def _error_entry(error: dict) -> dict:
-    """One pydantic error as ``{loc, msg, type}``; a short scalar input is named in ``msg`` (never echoed whole)."""
-    entry = {"loc": list(error.get("loc", ())), "msg": error.get("msg", ""), "type": error.get("type", "")}
-    if entry["type"] == "json_invalid":
-        position = entry["loc"][-1] if entry["loc"] else "?"
-        entry["msg"] = f"body is not valid JSON (at character {position}: {error.get('ctx', {}).get('error', '')})"
-        entry["loc"] = ["body"]
-        return entry
-    entry["msg"] = entry["msg"].removeprefix("Value error, ")  # our validators' messages stand alone
-    value = error.get("input")
-    if isinstance(value, str | int | float | bool) and len(repr(value)) <= _MAX_ECHO_CHARS:
-        if repr(value) not in entry["msg"]:
-            entry["msg"] = f"{entry['msg']}, got {value!r}"
-    return entry
-
-
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = [_error_entry(e) for e in exc.errors()]
-    message = _message(errors[0]["loc"], errors[0]["msg"]) if errors else "invalid request"
-    return JSONResponse({"detail": errors, "message": message}, status_code=422)
+    return JSONResponse(validation_error_body(exc.errors()), status_code=422)
 
 
 #: What FastAPI answers (400) when it cannot even decode a body: invalid UTF-8, or JSON nested too deep.
@@ -334,9 +379,11 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
 
 
 async def _field_error(request: Request, exc: FieldError) -> JSONResponse:
-    loc = ["body", *exc.loc]
-    detail = [{"loc": loc, "msg": exc.message, "type": "value_error"}]
-    return JSONResponse({"detail": detail, "message": _message(loc, exc.message)}, status_code=422)
+    return JSONResponse(field_error_body(exc.loc, exc.message), status_code=422)
+
+
+async def _busy(request: Request, exc: PoolBusyError) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after_s)})
 
 
 def _status_handler(status: int):
@@ -388,12 +435,13 @@ def engine_scraper(
     )
 
 
-def _reuse_model(settings: ServiceSettings):
-    """The P(reuse) model in ``settings.reuse_model_dir`` (None without one); errors name the setting."""
+def _check_reuse_model(settings: ServiceSettings) -> None:
+    """Load the P(reuse) model in ``settings.reuse_model_dir`` once, so that a bad one fails at start (the
+    ranking workers load their own); errors name the setting."""
     if settings.reuse_model_dir is None:
-        return None
+        return
     try:
-        return load_reuse_model(settings.reuse_model_dir)
+        load_reuse_model(settings.reuse_model_dir)
     except (FileNotFoundError, ValueError) as exc:
         raise ValueError(f"reuse_model_dir = {str(settings.reuse_model_dir)!r}: {exc}") from None
 
@@ -410,7 +458,7 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
             ``reuse_model_dir`` holds no usable reuse model.
     """
     token = read_token(settings.token_file) if settings.token_file is not None else None
-    reuse_model = _reuse_model(settings)
+    _check_reuse_model(settings)
     service = service if service is not None else ScoringService(settings)
 
     @contextlib.asynccontextmanager
@@ -443,6 +491,7 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
                 await client.close()
             if subscriber is not None:
                 subscriber.stop()
+            app.state.heavy.shutdown()
             service.stop()
 
     app = FastAPI(
@@ -454,16 +503,23 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     app.state.service = service
     app.state.token = token
     app.state.protect_reads = settings.protect_reads
-    app.state.reuse_model = reuse_model
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.state.heavy = HeavyPool(settings)
+    app.state.heavy_body_bytes = settings.heavy_body_bytes
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        path_limits={"/v1/evict/rank": settings.max_rank_body_bytes},
+    )
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(FieldError, _field_error)
     app.add_exception_handler(ConflictError, _status_handler(409))
     app.add_exception_handler(LogUnavailableError, _status_handler(503))
+    app.add_exception_handler(PoolBusyError, _busy)
     app.add_exception_handler(OpenAIError, openai_error_response)
     for router in (scoring, observations, workers, eviction, models, health):
         app.include_router(router)
+    app.openapi = _openapi_with(app, (EvictRankIn, ScoreRequestIn))
     if settings.engines:
         app.include_router(openai)
     return app

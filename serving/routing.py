@@ -265,16 +265,8 @@ class Routing:
             FieldError: as :meth:`score`.
         """
         req = body.request
-        block_size = req.namespace.block_size_tokens or self.settings.block_size_tokens
-        ns = Namespace(
-            model=req.namespace.model,
-            revision=req.namespace.revision,
-            adapter=req.namespace.adapter,
-            block_size_tokens=block_size,
-            kv_layout=req.namespace.kv_layout,
-            # not cache_salt: vLLM hashes the salt into the first block, and its KV events do not
-            # carry it, so salted blocks are stored (and found) in the unsalted namespace
-        )
+        ns = request_namespace(body, self.settings)
+        block_size = ns.block_size_tokens
         if req.token_ids is not None:
             hashes = self._hashes(req.token_ids, ns, req.namespace.cache_salt)
             input_tokens = len(req.token_ids)
@@ -305,18 +297,8 @@ class Routing:
         return RouteRequest(request_id, arrival_s, len(token_ids), self._hashes(token_ids, ns, cache_salt), ns)
 
     def _hashes(self, token_ids: Sequence[int], ns: Namespace, cache_salt: str | None) -> tuple[int, ...]:
-        """``token_ids`` hashed as the engines hash them in namespace ``ns`` (see :func:`block_hashes_for`)."""
-        return block_hashes_for(
-            token_ids,
-            ns.block_size_tokens,
-            ns,
-            self.settings.hash_algorithm,
-            self.settings.hash_seed,
-            self._hash_cache,
-            cache_salt=cache_salt,
-            lora_path=self._lora_paths.get(ns.adapter, ""),
-            key_format=self.settings.hash_extra_keys,
-        )
+        """``token_ids`` hashed as the engines hash them in namespace ``ns`` (see :func:`hash_tokens`)."""
+        return hash_tokens(token_ids, ns, cache_salt, self.settings, self._hash_cache, self._lora_paths)
 
     def _candidate_snapshots(
         self, body: ScoreRequestIn, now_s: float
@@ -386,6 +368,57 @@ class Routing:
         now_s = self.clock()
         self.snapshots[worker_id] = (snapshot, now_s)
         return SnapshotAck(worker_id=worker_id, received_at_s=now_s)
+
+
+def request_namespace(body: ScoreRequestIn, settings: ServiceSettings) -> Namespace:
+    """The namespace a score / route body's request is matched in (the service's block size by default)."""
+    req = body.request.namespace
+    return Namespace(
+        model=req.model,
+        revision=req.revision,
+        adapter=req.adapter,
+        block_size_tokens=req.block_size_tokens or settings.block_size_tokens,
+        kv_layout=req.kv_layout,
+        # not cache_salt: vLLM hashes the salt into the first block, and its KV events do not
+        # carry it, so salted blocks are stored (and found) in the unsalted namespace
+    )
+
+
+def hash_tokens(
+    token_ids: Sequence[int],
+    ns: Namespace,
+    cache_salt: str | None,
+    settings: ServiceSettings,
+    cache: PrefixHashCache | None = None,
+    lora_paths: Mapping[str, str] | None = None,
+) -> tuple[int, ...]:
+    """``token_ids`` hashed as the engines hash them in namespace ``ns``, with the service's hash algorithm,
+    seed and extra keys (see :func:`block_hashes_for`); ``lora_paths`` default: ``settings.lora_paths()``."""
+    paths = settings.lora_paths() if lora_paths is None else lora_paths
+    return block_hashes_for(
+        token_ids,
+        ns.block_size_tokens,
+        ns,
+        settings.hash_algorithm,
+        settings.hash_seed,
+        cache,
+        cache_salt=cache_salt,
+        lora_path=paths.get(ns.adapter, ""),
+        key_format=settings.hash_extra_keys,
+    )
+
+
+def with_block_hashes(body: ScoreRequestIn, settings: ServiceSettings) -> ScoreRequestIn:
+    """``body`` with its ``token_ids`` replaced by their block hashes and ``input_tokens`` (as :meth:`Routing.resolve`
+    would hash them): what a worker process sends back for a large body, so that the event loop does not hash."""
+    req = body.request
+    if req.token_ids is None:
+        return body
+    hashes = hash_tokens(req.token_ids, request_namespace(body, settings), req.namespace.cache_salt, settings)
+    hashed = req.model_copy(
+        update={"token_ids": None, "block_hashes": list(hashes), "input_tokens": len(req.token_ids)}
+    )
+    return body.model_copy(update={"request": hashed})
 
 
 def score_fields(

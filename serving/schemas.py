@@ -60,8 +60,18 @@ StrictInteger = Annotated[int, BeforeValidator(_integral), Strict()]
 Id = Annotated[StrictInteger, Field(ge=0, le=MAX_ID)]
 Count = Annotated[StrictInteger, Field(ge=0, le=MAX_COUNT)]
 Tokens = Annotated[StrictInteger, Field(ge=0, le=MAX_TOKENS)]
-TokenId = Annotated[StrictInteger, Field(ge=0, lt=2**32)]
-BlockHash = Annotated[StrictInteger, Field(ge=0, lt=2**64)]
+
+
+def _integral_items(values: Any) -> Any:
+    """:func:`_integral` over a list in one pass, only when it holds a float: a 1M-token list is then
+    checked item by item in pydantic's core (about 4× faster than a Python validator per item)."""
+    if type(values) is list and float in set(map(type, values)):
+        return [_integral(v) for v in values]
+    return values
+
+
+TokenIds = Annotated[list[Annotated[int, Strict(), Field(ge=0, lt=2**32)]], BeforeValidator(_integral_items)]
+BlockHashes = Annotated[list[Annotated[int, Strict(), Field(ge=0, lt=2**64)]], BeforeValidator(_integral_items)]
 Seconds = Annotated[float, Strict(), Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 Ratio = Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
@@ -111,10 +121,10 @@ class RequestIn(BaseModel):
     input_tokens: Annotated[StrictInteger, Field(ge=1, le=MAX_TOKENS)] | None = Field(
         None, description="prompt length; required with block_hashes, = len(token_ids) with token_ids"
     )
-    token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKENS)] | None = Field(
+    token_ids: Annotated[TokenIds, Field(min_length=1, max_length=MAX_TOKENS)] | None = Field(
         None, description="prompt token ids; the service hashes the full blocks"
     )
-    block_hashes: Annotated[list[BlockHash], Field(max_length=MAX_TOKENS)] | None = Field(
+    block_hashes: Annotated[BlockHashes, Field(max_length=MAX_TOKENS)] | None = Field(
         None, description="chained hashes of the prompt's full blocks, prompt order"
     )
     arrival_s: Annotated[float, Strict(), Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)] | None = Field(

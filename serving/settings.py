@@ -80,8 +80,26 @@ class ServiceSettings(BaseSettings):
         "recency prior",
     )
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="larger request bodies are refused with 413")
+    max_rank_body_bytes: int = Field(
+        48 * 2**20,
+        ge=1024,
+        description="the same for /v1/evict/rank, parsed in a worker process: 100,000 nodes (its most) are "
+        "17 MiB with the fields the study sends, up to ~35 MiB with every field at its longest",
+    )
     max_decisions: int = Field(100_000, ge=1, description="decisions kept in memory for /v1/observe (LRU)")
     max_workers: int = Field(65_536, ge=1, description="workers with a pushed snapshot")
+    heavy_workers: int = Field(
+        1, ge=1, le=64, description="worker processes that parse and rank /v1/evict/rank bodies off the event loop"
+    )
+    heavy_queue_limit: int = Field(
+        4, ge=0, description="/v1/evict/rank requests that may wait for a busy worker; more get 503 + Retry-After"
+    )
+    heavy_body_bytes: int = Field(
+        1 << 20,
+        ge=0,
+        description="/v1/score and /v1/route bodies larger than this are parsed and their tokens hashed in the "
+        "worker processes, not on the event loop (~128k token ids; an 8k-token body is ~60 KiB)",
+    )
     max_directory_blocks_per_worker: int = Field(
         DEFAULT_MAX_BLOCKS_PER_WORKER,
         ge=1,

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from kvcost.data.segments import connect_segments, segments_dir_for
+from tests.serving.heavy_bodies import forest_body
 from tests.serving.test_api import make_body
 
 pytestmark = pytest.mark.slow
@@ -34,12 +36,15 @@ def free_port() -> int:
 class Server:
     """``kvcost serve`` in a subprocess, working directory ``tmp_path`` (its relative paths stay there)."""
 
-    def __init__(self, tmp_path: Path, db: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, tmp_path: Path, db: Path, env: dict[str, str] | None = None, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         (tmp_path / "token").write_text(TOKEN)
         args = [sys.executable, "-m", "kvcost.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         args += ["--db", str(db), "--analytic-only", "--token-file", str(tmp_path / "token"), "--log-level", "warning"]
+        args += extra_args
         self.log = (tmp_path / f"serve-{self.port}.log").open("w")
         env = {**os.environ, **(env or {})}
         self.proc = subprocess.Popen(args, cwd=tmp_path, stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -165,3 +170,53 @@ def test_observations_of_routes_lost_in_a_kill_9_are_recorded_unjoined(tmp_path,
         kept = con.execute("SELECT request_id, actual_ttft_s FROM unjoined_observations ORDER BY 1").fetchall()
     assert decisions == [(0,)]  # every acknowledged route was lost with the process
     assert kept == [(i, pytest.approx(0.01 * (i + 1))) for i in range(n)]  # and no observation of one
+
+
+def test_healthz_and_route_answer_while_a_100k_node_rank_runs(tmp_path, servers):
+    server = Server(tmp_path, tmp_path / "log.duckdb")
+    servers.append(server)
+    body = forest_body(100_000)
+    done: list[float] = []
+
+    def rank() -> None:
+        answer = httpx.post(f"{server.url}/v1/evict/rank", content=body, timeout=120.0)
+        done.append(time.monotonic())
+        assert answer.status_code == 200 and len(answer.json()["nodes"]) == 100_000
+
+    ranking = threading.Thread(target=rank)
+    ranking.start()
+    time.sleep(1.0)  # the body is sent, and the worker has started
+    with httpx.Client(base_url=server.url, timeout=10.0, headers=AUTH) as http:
+        health = http.get("/healthz").status_code
+        routed = http.post("/v1/route", json=make_body(request_id=1)).status_code
+        answered = time.monotonic()
+    ranking.join(120)
+    assert (health, routed) == (200, 200)
+    assert done and answered < done[0]  # both answered before the rank did: it ran off the event loop
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
+
+
+def test_slow_clients_get_408_and_are_closed_after_the_head_and_body_timeouts(tmp_path, servers):
+    server = Server(tmp_path, tmp_path / "log.duckdb", extra_args=("--head-timeout-s", "1", "--body-timeout-s", "1"))
+    servers.append(server)
+    sends = {
+        "silent": b"",
+        "part of a head": b"POST /v1/score HTTP/1.1\r\nhost: x\r\n",
+        "a head and one body byte": b"POST /v1/score HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{",
+    }
+    answers = {}
+    for name, data in sends.items():
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10.0) as sock:
+            sock.sendall(data)
+            answers[name] = _read_all(sock)  # returns when the server closes the connection
+    assert answers["silent"].endswith(b"request head not received within 1 s")
+    assert answers["part of a head"].startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert answers["a head and one body byte"].endswith(b"request body not received within 1 s")
+    with httpx.Client(base_url=server.url, timeout=10.0) as http:  # a whole request is not limited
+        assert http.post("/v1/score", json=make_body(request_id=1)).status_code == 200

@@ -1,0 +1,92 @@
+"""uvicorn's HTTP/1.1 protocol (httptools) with the read timeouts it lacks: request head and request body.
+
+uvicorn closes idle keep-alive connections (``--keep-alive-timeout-s``) but holds
+a connection that sent part of a request head, or a head and part of a body,
+forever: 1,500 connections that sent their headers and one body byte were held
+for over 20 s (kvcost issue 15), each pinning a socket and, once the app reads
+the body, a task. Slow clients are bounded here instead:
+
+* **head**: a request's head (request line and headers) must arrive within
+  ``head_timeout_s`` of its first byte, or of the connection's opening for a
+  connection that sends nothing (uvicorn arms no timer on such a connection);
+* **body**: its body must arrive within ``body_timeout_s`` of the head's end.
+
+Past either, the connection is closed; a request still without a response gets
+``408 Request Timeout`` first. The timer is cancelled when the request is
+complete, so the time the application takes to answer is not limited here.
+Thread safety: the event loop only, as uvicorn's protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_TIMEOUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+)
+
+
+class TimedHttpToolsProtocol(HttpToolsProtocol):
+    """:class:`HttpToolsProtocol` with head and body read timeouts (class attributes; see :func:`timed_protocol`)."""
+
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    #: Connections closed per stage ("head", "body"), all instances (for the service's metric).
+    closed: dict[str, int] = {"head": 0, "body": 0}
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._arm("head", self.head_timeout_s)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._read_timer is None:  # a new request on a kept-alive connection
+            self._arm("head", self.head_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._arm("body", self.body_timeout_s)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, stage: str, timeout_s: float) -> None:
+        self._disarm()
+        self._read_timer = self.loop.call_later(timeout_s, self._timed_out, stage, timeout_s)
+
+    def _disarm(self) -> None:
+        timer, self._read_timer = getattr(self, "_read_timer", None), None
+        if timer is not None:
+            timer.cancel()
+
+    def _timed_out(self, stage: str, timeout_s: float) -> None:
+        self._read_timer = None
+        if self.transport.is_closing():
+            return
+        TimedHttpToolsProtocol.closed[stage] += 1
+        cycle = self.cycle
+        if cycle is None or not cycle.response_started:
+            text = f"request {stage} not received within {timeout_s:g} s".encode()
+            self.transport.write(_TIMEOUT % len(text) + text)
+        self.transport.close()
+
+
+def timed_protocol(head_timeout_s: float, body_timeout_s: float) -> type[TimedHttpToolsProtocol]:
+    """A :class:`TimedHttpToolsProtocol` class with these timeouts (seconds, > 0), for ``uvicorn.run(http=…)``.
+
+    Raises:
+        ValueError: a timeout ≤ 0 (names it).
+    """
+    for name, value in (("head_timeout_s", head_timeout_s), ("body_timeout_s", body_timeout_s)):
+        if not value > 0:
+            raise ValueError(f"{name} = {value!r}, expected seconds > 0")
+    attributes = {"head_timeout_s": head_timeout_s, "body_timeout_s": body_timeout_s}
+    return type("TimedHttpToolsProtocol", (TimedHttpToolsProtocol,), attributes)
