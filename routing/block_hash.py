@@ -86,6 +86,8 @@ HASH_MASK_64 = (1 << 64) - 1
 HASH_ALGORITHMS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 #: vLLM's default ``--prefix-caching-hash-algo`` (``CacheConfig.prefix_caching_hash_algo``, since 0.10.2).
 DEFAULT_HASH_ALGORITHM = "sha256"
+#: Digest size of each algorithm, bytes (SHA-256: 32; vLLM's xxhash algorithms use XXH3-128: 16).
+DIGEST_BYTES = {"sha256": 32, "sha256_cbor": 32, "xxhash": 16, "xxhash_cbor": 16}
 #: The seed vLLM 0.32 uses for the SHA-256 algorithms without ``PYTHONHASHSEED`` (``DEFAULT_NONE_HASH_SEED``).
 VLLM_DEFAULT_HASH_SEED = "vllm-none-hash"
 #: How extra keys enter a block's hash: vLLM 0.32 tags them, earlier releases used bare values.

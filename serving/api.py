@@ -401,7 +401,7 @@ def kv_event_subscriber(settings: ServiceSettings, service: ScoringService) -> K
     if not settings.kv_events:
         return None
     namespace = settings.event_namespace()
-    ingestor = KVEventIngestor(service.directory, lambda worker_id: namespace)
+    ingestor = KVEventIngestor(service.directory, lambda worker_id: namespace, hash_algorithm=settings.hash_algorithm)
     sources = [parse_kv_event_source(spec) for spec in settings.kv_events]
     ingestor.expect_workers(source.worker_id for source in sources)
     return KVEventSubscriber(

@@ -5,6 +5,9 @@ Exposed at ``GET /metrics`` (names as scraped; counters gain ``_total``):
 ===============================================  =======================================================
 ``kvcost_decisions_total``                       routing decisions by ``policy`` and ``reason_kind``
 ``kvcost_route_latency_seconds``                 service time of ``/v1/score`` and ``/v1/route``
+``kvcost_namespace_unverified_total``            per ``endpoint`` (score, route): answers for which no scored
+                                                 candidate's snapshot declared a namespace (the request's
+                                                 model was checked against none)
                                                  (``endpoint``), from parsed body to response object
 ``kvcost_prediction_abs_error_seconds``          \\|actual − predicted\\| per ``term`` (five terms and
                                                  ``ttft``), from ``/v1/observe``
@@ -273,6 +276,12 @@ class ServiceMetrics:
         )
         self.observations = Counter("kvcost_observations", "Observations by result", ["result"], registry=r)
         self.log_write_errors = Counter("kvcost_log_write_errors", "Failed DuckDB write batches", registry=r)
+        self.namespace_unverified = Counter(
+            "kvcost_namespace_unverified",
+            "Score and route answers for which no scored candidate declared the namespace it serves",
+            ["endpoint"],
+            registry=r,
+        )
         self.model_fallbacks = Counter(
             "kvcost_model_fallbacks", "Champion loads that fell back to the analytic model", ["reason"], registry=r
         )
@@ -315,6 +324,7 @@ class ServiceMetrics:
             self.prediction_abs_error.labels(term)
         for endpoint in ("score", "route"):
             self.route_latency.labels(endpoint)
+            self.namespace_unverified.labels(endpoint)
         self._reason_kinds: set[str] = set()
 
     def count_decision(self, policy: str, reason: str) -> None:

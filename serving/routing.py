@@ -171,7 +171,8 @@ class Routing:
         now_s = self.clock()
         request, snapshots, sources, ages = self.resolve(body, now_s)
         decision = self._route(self.scorer, request, snapshots, now_s)
-        return ScoreResponse(**score_fields(decision, request, sources, ages, model_label, self.directory_mode))
+        fields = score_fields(decision, request, sources, ages, model_label, self.directory_mode)
+        return ScoreResponse(**fields, namespace_unverified=namespace_unverified(decision, snapshots))
 
     def route(self, body: ScoreRequestIn, run_id: str, model_label: str) -> tuple[RouteResponse, RouteDecision]:
         """Route the request and remember the decision; returns the response and the decision (to log).
@@ -232,6 +233,7 @@ class Routing:
         self.decisions.remember(request.request_id, record)
         response = RouteResponse(
             **score_fields(decision, request, sources, ages, model_label, self.directory_mode),
+            namespace_unverified=namespace_unverified(decision, snapshots),
             worker_id=decision.worker_id,
             chosen_index=index,
             policy=self.settings.policy,
@@ -419,6 +421,13 @@ def with_block_hashes(body: ScoreRequestIn, settings: ServiceSettings) -> ScoreR
         update={"token_ids": None, "block_hashes": list(hashes), "input_tokens": len(req.token_ids)}
     )
     return body.model_copy(update={"request": hashed})
+
+
+def namespace_unverified(decision: RouteDecision, snapshots: Sequence[WorkerSnapshot]) -> bool:
+    """No scored candidate's snapshot declares a namespace (the router kept those that declare a compatible
+    one, and those that declare none): the request's namespace was checked against no worker."""
+    scored = set(decision.worker_ids)
+    return not any(s.namespace is not None for s in snapshots if s.worker_id in scored)
 
 
 def score_fields(

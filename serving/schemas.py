@@ -261,6 +261,10 @@ class ScoreResponse(BaseModel):
     model: str = Field(description="cost model used: 'analytic' or 'champion vN'")
     learned: bool
     request_blocks: int = Field(description="full blocks of the prompt")
+    namespace_unverified: bool = Field(
+        description="no scored candidate's snapshot declares the namespace it serves: the request's model, "
+        "revision, adapter and block size were checked against none (every worker is assumed to serve it)"
+    )
     candidates: list[CandidateScore]
 
 

@@ -320,6 +320,8 @@ class ScoringService:
         start = time.perf_counter()
         response = self.routing.score(body, self.model_status.label)
         self.metrics.route_latency.labels("score").observe(time.perf_counter() - start)
+        if response.namespace_unverified:
+            self.metrics.namespace_unverified.labels("score").inc()
         return response
 
     def route(self, body: ScoreRequestIn) -> RouteResponse:
@@ -334,6 +336,8 @@ class ScoringService:
         start = time.perf_counter()
         response, decision = self.routing.route(body, self.run_id, self.model_status.label)
         self._log_decision(decision, start)
+        if response.namespace_unverified:
+            self.metrics.namespace_unverified.labels("route").inc()
         return response
 
     def route_resolved(

@@ -40,7 +40,7 @@ from typing import Any
 import msgspec
 
 from kvcost.core.types import Namespace
-from kvcost.routing.block_hash import external_hash
+from kvcost.routing.block_hash import DEFAULT_HASH_ALGORITHM, DIGEST_BYTES, external_hash
 from kvcost.routing.directory import CacheDirectory
 
 logger = logging.getLogger(__name__)
@@ -219,10 +219,36 @@ def decode_batch(payload: bytes | memoryview) -> DecodedBatch:
     return DecodedBatch(batch.ts, tuple(events), batch.data_parallel_rank, unknown, tuple(malformed))
 
 
-def _int_hashes(hashes: list[_BlockHash]) -> list[int]:
-    if hashes and (type(hashes[0]) is not int or type(hashes[-1]) is not int):
-        return [external_hash(h) if type(h) is bytes else h for h in hashes]
-    return hashes  # type: ignore[return-value]
+def _int_hashes(hashes: list[_BlockHash], digest_bytes: int) -> list[int]:
+    """The event's hashes as the directory's ints (a digest's low 64 bits, as vLLM's own ints are).
+
+    Raises:
+        KVEventDecodeError: a hash the engine's algorithm cannot emit: a negative int (Python's
+            ``hash()``, older vLLM releases) or a digest of another size (names it).
+    """
+    if not hashes:
+        return hashes  # type: ignore[return-value]
+    if type(hashes[0]) is int and type(hashes[-1]) is int:
+        try:
+            lowest = min(hashes)  # one C-level pass (the common case: vLLM's ints)
+        except TypeError:  # digests among the ints
+            return [_int_hash(h, digest_bytes) for h in hashes]
+        if lowest < 0:  # above 2^64 − 1 msgpack cannot carry
+            raise KVEventDecodeError(f"block hash {lowest} is negative; the configured algorithm emits 0 … 2^64−1")
+        return hashes  # type: ignore[return-value]
+    return [_int_hash(h, digest_bytes) for h in hashes]
+
+
+def _int_hash(value: _BlockHash, digest_bytes: int) -> int:
+    if type(value) is bytes:
+        if len(value) != digest_bytes:
+            raise KVEventDecodeError(
+                f"block hash of {len(value)} bytes; the configured algorithm's digest has {digest_bytes}"
+            )
+        return external_hash(value)
+    if type(value) is not int or value < 0:
+        raise KVEventDecodeError(f"block hash {value!r}: expected 0 … 2^64−1 or a {digest_bytes}-byte digest")
+    return value
 
 
 @dataclass(slots=True)
@@ -305,6 +331,8 @@ class KVEventIngestor:
         media: vLLM ``medium`` (upper-cased; ``None`` when absent) → tier.
         kv_group: the KV cache group tracked (vLLM ``group_idx``); events of other
             groups (hybrid models) are skipped.
+        hash_algorithm: the engines' ``--prefix-caching-hash-algo``: a block hash it cannot
+            emit (a negative int, or a digest of another size) rejects its event.
 
     Example:
         >>> from kvcost.routing.directory import CacheDirectory, Namespace
@@ -330,8 +358,10 @@ class KVEventIngestor:
         replay: ReplayFn | None = None,
         media: Mapping[str | None, str] = DEFAULT_MEDIA,
         kv_group: int = 0,
+        hash_algorithm: str = DEFAULT_HASH_ALGORITHM,
     ) -> None:
         self.directory = directory
+        self._digest_bytes = DIGEST_BYTES[hash_algorithm]
         self.worker_stats: dict[int, IngestStats] = {}
         self._namespace_of_worker = namespace_of_worker
         self.replay = replay
@@ -484,9 +514,9 @@ class KVEventIngestor:
                     reason = self._check_stored(event, namespace)
                     if reason:
                         raise KVEventDecodeError(reason)
-                    hashes = _int_hashes(event.block_hashes)
+                    hashes = _int_hashes(event.block_hashes, self._digest_bytes)
                     parent = event.parent_block_hash
-                    parent = external_hash(parent) if type(parent) is bytes else parent
+                    parent = _int_hash(parent, self._digest_bytes) if parent is not None else None
                     directory.apply_stored(namespace, worker_id, hashes, parent, self._tier(event.medium), now_s)
                     stats.blocks_stored += len(hashes)
                 elif isinstance(event, BlockRemoved):
@@ -496,7 +526,7 @@ class KVEventIngestor:
                     tier = self._tier(event.medium)
                     if tier is None:
                         raise KVEventDecodeError(f"unknown medium {event.medium!r}")
-                    hashes = _int_hashes(event.block_hashes)
+                    hashes = _int_hashes(event.block_hashes, self._digest_bytes)
                     directory.apply_removed_everywhere(worker_id, hashes, now_s, tier=tier)
                     stats.blocks_removed += len(hashes)
                 else:  # AllBlocksCleared: vLLM's reset_prefix_cache empties the GPU pool only

@@ -489,6 +489,10 @@ def test_candidates_that_cannot_serve_the_namespace_are_left_out(client):
     response = client.post("/v1/score", json=make_body(candidates=candidates))
     assert response.status_code == 200, response.text
     assert [c["worker_id"] for c in response.json()["candidates"]] == [1, 2]
+    assert response.json()["namespace_unverified"] is False  # worker 1 declares a namespace that serves it
+    unverified = client.post("/v1/score", json=make_body(candidates=candidates[::2])).json()  # 0 left out, 2 silent
+    assert ([c["worker_id"] for c in unverified["candidates"]], unverified["namespace_unverified"]) == ([2], True)
+    assert 'kvcost_namespace_unverified_total{endpoint="score"} 1.0' in client.get("/metrics").text
     only_other = make_body(candidates=candidates[:1])
     response = client.post("/v1/route", json=only_other, headers=AUTH)
     assert response.status_code == 422
