@@ -23,7 +23,9 @@ from kvcost.core.types import Namespace
 #: Extra transfer time of a tensor-parallel re-sharding, × the transfer's own time (assumption).
 LAYOUT_CONVERSION_FACTOR = 1.0
 
-_LAYOUT = re.compile(r"^(?P<dtype>[a-z0-9]+)-tp(?P<tp>[1-9][0-9]*)$")
+_LAYOUT = re.compile(r"(?P<dtype>[a-z0-9]+)-tp(?P<tp>[1-9][0-9]*)")
+#: The form of a KV layout as a JSON Schema pattern (what :func:`parse_layout` accepts, whole).
+LAYOUT_PATTERN = r"^[a-z0-9]+-tp[1-9][0-9]*$"
 
 
 def parse_layout(layout: str) -> tuple[str, int]:
@@ -32,7 +34,7 @@ def parse_layout(layout: str) -> tuple[str, int]:
     Raises:
         ValueError: not of the form ``<dtype>-tp<N>`` with N ≥ 1.
     """
-    match = _LAYOUT.match(layout)
+    match = _LAYOUT.fullmatch(layout)
     if match is None:
         raise ValueError(f"kv_layout = {layout!r}, expected '<dtype>-tp<N>' such as 'bf16-tp1'")
     return match["dtype"], int(match["tp"])

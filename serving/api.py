@@ -39,13 +39,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
@@ -65,6 +66,7 @@ from kvcost.serving.heavy import HeavyPool, PoolBusyError, parse_score_body
 from kvcost.serving.model_loading import one_line
 from kvcost.serving.schemas import (
     MAX_ID,
+    ErrorOut,
     EvictRankIn,
     EvictRankResponse,
     HealthResponse,
@@ -189,12 +191,17 @@ async def require_read_token(
 WriteAuth = [Depends(require_token)]
 ReadAuth = [Depends(require_read_token)]
 _ERRORS = {
-    401: {"description": "missing or wrong bearer token"},
-    413: {"description": "body too large"},
-    422: {"description": "invalid input; detail[].loc names the field"},
+    401: {"model": ErrorOut, "description": "missing or wrong bearer token"},
+    413: {"model": ErrorOut, "description": "body too large"},
+    422: {"model": ErrorOut, "description": "invalid input; detail[].loc names the field"},
 }
-
-_BUSY = {"description": "the worker pool's queue is full; retry after the Retry-After header's seconds"}
+_BUSY = {
+    "model": ErrorOut,
+    "description": "the worker pool's queue is full, or a worker died; retry after the Retry-After header's seconds",
+    "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
+}
+_CONFLICT = {"model": ErrorOut, "description": "the request id was routed before"}
+_UNCOMMITTED = {"model": ErrorOut, "description": "the log could not commit the observation (nothing recorded)"}
 
 
 def _json_body_of(model: type[BaseModel]) -> dict:
@@ -204,9 +211,30 @@ def _json_body_of(model: type[BaseModel]) -> dict:
     return {"content": {"application/json": {"schema": ref}}, "required": True}
 
 
-def _openapi_with(app: FastAPI, models: tuple[type[BaseModel], ...]):
-    """``app.openapi`` with the schemas of ``models`` (and of the models they nest) in its components."""
+def _exact_integer_bounds(schema: dict) -> None:
+    """FastAPI's document writes a parameter's integer bounds as floats: ``MAX_ID`` (2^63 − 1) becomes 2^63,
+    which the service refuses. Written back as the integers they are."""
+    if schema.get("type") != "integer":
+        return
+    for key in ("minimum", "maximum"):
+        if isinstance(schema.get(key), float):
+            schema[key] = MAX_ID if schema[key] >= MAX_ID else int(schema[key])
+
+
+def _openapi_with(
+    app: FastAPI, routers: Iterable[APIRouter], models: tuple[type[BaseModel], ...], settings: ServiceSettings
+):
+    """``app.openapi``, completed: the schemas of ``models`` (and of the models they nest) in its components,
+    and each operation's bearer requirement as this service enforces it (none without ``--token-file``; the
+    read endpoints of ``routers`` only with ``--protect-reads``)."""
     generate = app.openapi
+    reads = {
+        (method.lower(), route.path)
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute) and any(d.dependency is require_read_token for d in route.dependencies)
+        for method in route.methods
+    }
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -216,6 +244,14 @@ def _openapi_with(app: FastAPI, models: tuple[type[BaseModel], ...]):
                 schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(schema.pop("$defs", {}))
                 components[model.__name__] = schema
+            for path, operations in document["paths"].items():
+                for method, operation in operations.items():
+                    for parameter in operation.get("parameters", []):
+                        _exact_integer_bounds(parameter.get("schema", {}))
+                    open_read = (method, path) in reads and not settings.protect_reads
+                    if settings.token_file is None or open_read:
+                        operation.pop("security", None)
+                        operation.get("responses", {}).pop("401", None)
             app.openapi_schema = document
         return app.openapi_schema
 
@@ -263,7 +299,7 @@ async def score(request: Request, service: ServiceDep) -> Response:
     "/route",
     response_model=RouteResponse,
     dependencies=WriteAuth,
-    responses={**_ERRORS, 409: {}, 503: _BUSY},
+    responses={**_ERRORS, 409: _CONFLICT, 503: _BUSY},
     openapi_extra={"requestBody": _json_body_of(ScoreRequestIn)},
 )
 async def route(request: Request, service: ServiceDep) -> Response:
@@ -276,7 +312,7 @@ observations = APIRouter(prefix="/v1", tags=["observations"])
 
 
 @observations.post(
-    "/observe", response_model=ObservationResponse, dependencies=WriteAuth, responses={**_ERRORS, 503: {}}
+    "/observe", response_model=ObservationResponse, dependencies=WriteAuth, responses={**_ERRORS, 503: _UNCOMMITTED}
 )
 async def observe(body: ObservationIn, service: ServiceDep) -> ObservationResponse:
     """Record a routed request's actual times; durable when answered; a repeated id answers ``duplicate``, an id
@@ -517,9 +553,11 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     app.add_exception_handler(LogUnavailableError, _status_handler(503))
     app.add_exception_handler(PoolBusyError, _busy)
     app.add_exception_handler(OpenAIError, openai_error_response)
-    for router in (scoring, observations, workers, eviction, models, health):
+    routers = (scoring, observations, workers, eviction, models, health)
+    for router in routers:
         app.include_router(router)
-    app.openapi = _openapi_with(app, (EvictRankIn, ScoreRequestIn))
+    # every request body's schema as pydantic writes it (FastAPI's document writes integer bounds as floats)
+    app.openapi = _openapi_with(app, routers, (EvictRankIn, ScoreRequestIn, ObservationIn, SnapshotIn), settings)
     if settings.engines:
         app.include_router(openai)
     return app

@@ -23,7 +23,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
-from kvcost.routing.compatibility import parse_layout
+from kvcost.core.hardware import GPUS
+from kvcost.routing.compatibility import LAYOUT_PATTERN, parse_layout
 
 #: Candidates per request (the issue's limit).
 MAX_CANDIDATES = 256
@@ -56,10 +57,15 @@ def _integral(value: Any) -> Any:
 # Numbers are strict: a JSON string or boolean where a number belongs is refused (422 naming the field),
 # never coerced (``"0.25"`` or ``true`` stored as seconds); an integer is a valid number of seconds, and a
 # float with no fractional part a valid integer.
-StrictInteger = Annotated[int, BeforeValidator(_integral), Strict()]
-Id = Annotated[StrictInteger, Field(ge=0, le=MAX_ID)]
-Count = Annotated[StrictInteger, Field(ge=0, le=MAX_COUNT)]
-Tokens = Annotated[StrictInteger, Field(ge=0, le=MAX_TOKENS)]
+def strict_integer(ge: int, le: int) -> Any:
+    """An integer in ``[ge, le]``: strict, but ``59.0`` is 59. The bounds sit on the inner int, so that the
+    published schema states them as ``minimum`` / ``maximum`` (on the validator they would not be)."""
+    return Annotated[Annotated[int, Strict(), Field(ge=ge, le=le)], BeforeValidator(_integral)]
+
+
+Id = strict_integer(0, MAX_ID)
+Count = strict_integer(0, MAX_COUNT)
+Tokens = strict_integer(0, MAX_TOKENS)
 
 
 def _integral_items(values: Any) -> Any:
@@ -89,10 +95,14 @@ class NamespaceIn(BaseModel):
     )
     revision: Name = Field("main", description="model weights revision")
     adapter: Name = Field("", description="LoRA adapter name, empty for none")
-    block_size_tokens: Annotated[StrictInteger, Field(ge=1, le=MAX_BLOCK_SIZE_TOKENS)] | None = Field(
+    block_size_tokens: strict_integer(1, MAX_BLOCK_SIZE_TOKENS) | None = Field(
         None, description="KV block size in tokens; null = the service's --block-size-tokens"
     )
-    kv_layout: Name = Field("bf16-tp1", description="KV dtype and tensor-parallel split, '<dtype>-tp<N>'")
+    kv_layout: Name = Field(
+        "bf16-tp1",
+        description="KV dtype and tensor-parallel split, '<dtype>-tp<N>'",
+        json_schema_extra={"pattern": LAYOUT_PATTERN},
+    )
     cache_salt: Name = Field("", description="per-tenant cache salt, empty for none")
 
     @field_validator("kv_layout")
@@ -109,16 +119,27 @@ class RequestIn(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
-            "oneOf": [
-                {"required": ["token_ids"], "not": {"required": ["block_hashes"]}},
-                {"required": ["block_hashes", "input_tokens"], "not": {"required": ["token_ids"]}},
+            "oneOf": [  # a form "given" is present and not null, as the validator reads it
+                {
+                    "required": ["token_ids"],
+                    "properties": {"token_ids": {"type": "array"}},
+                    "not": {"required": ["block_hashes"], "properties": {"block_hashes": {"type": "array"}}},
+                },
+                {
+                    "required": ["block_hashes", "input_tokens"],
+                    "properties": {
+                        "block_hashes": {"type": "array"},
+                        "input_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS},
+                    },
+                    "not": {"required": ["token_ids"], "properties": {"token_ids": {"type": "array"}}},
+                },
             ]
         },
     )
 
     request_id: Id = Field(description="caller's id; the key of /v1/observe")
     namespace: NamespaceIn
-    input_tokens: Annotated[StrictInteger, Field(ge=1, le=MAX_TOKENS)] | None = Field(
+    input_tokens: strict_integer(1, MAX_TOKENS) | None = Field(
         None, description="prompt length; required with block_hashes, = len(token_ids) with token_ids"
     )
     token_ids: Annotated[TokenIds, Field(min_length=1, max_length=MAX_TOKENS)] | None = Field(
@@ -142,12 +163,32 @@ class RequestIn(BaseModel):
         return self
 
 
+class ErrorItem(BaseModel):
+    """One invalid field: where (``loc``, starting with ``body``, ``path`` …), what is wrong, its kind."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorOut(BaseModel):
+    """Every error the service answers (401, 409, 413, 422, 503): ``detail`` is the list of invalid fields
+    for a 422, else one sentence; ``message`` (422) is the first field's path and message on one line."""
+
+    detail: list[ErrorItem] | str
+    message: str | None = None
+
+
 class SnapshotIn(BaseModel):
     """Load of one worker (fields of :class:`kvcost.core.types.WorkerSnapshot`, same units)."""
 
     model_config = _IN
 
-    gpu: Name | None = Field(None, description="GPU type (a100, h100); null = the service's --gpu")
+    gpu: Name | None = Field(
+        None,
+        description="GPU type (a100, h100); null = the service's --gpu",
+        json_schema_extra=lambda schema: schema["anyOf"][0].update(enum=sorted(GPUS)),
+    )
     waiting_prefill: Annotated[list[tuple[Tokens, Count]], Field(max_length=MAX_WAITING_REQUESTS)] = Field(
         default_factory=list,
         description="per request not done with prefill, FCFS: [remaining_prefill_tokens, context_tokens]",

@@ -26,8 +26,9 @@ def served(monkeypatch):
     """``uvicorn.run`` replaced: the settings ``kvcost serve`` would run with, instead of a server."""
     runs = []
 
-    def run(api, host, port, log_level, access_log, timeout_keep_alive, loop, http):
-        runs.append((host, port, log_level, access_log, timeout_keep_alive, loop, http))
+    def run(api, host, port, log_level, access_log, timeout_keep_alive, loop, http, limit_concurrency):
+        timeouts = (http.head_timeout_s, http.body_timeout_s)
+        runs.append((host, port, log_level, access_log, timeout_keep_alive, loop, timeouts, limit_concurrency))
 
     monkeypatch.setattr("uvicorn.run", run)
     return runs
@@ -37,12 +38,13 @@ def test_environment_variables_set_the_service_and_options_win(tmp_path, served)
     env = {"KVCOST_PORT": "9000", "KVCOST_DB_PATH": str(tmp_path / "env.duckdb"), "KVCOST_MLFLOW_URI": None}
     result = runner.invoke(app, ["serve", "--analytic-only"], env=env)
     assert result.exit_code == 0, result.output
-    assert served == [("127.0.0.1", 9000, "info", False, 75.0, "auto", "auto")]
+    assert served == [("127.0.0.1", 9000, "info", False, 75.0, "auto", (10.0, 60.0), 2048)]
     assert f"kvcost serve on http://127.0.0.1:9000 — log {tmp_path / 'env.duckdb'}, registry none" in result.output
     options = ["--port", "9100", "--log-level", "debug", "--access-log", "--keep-alive-timeout-s", "30"]
+    options += ["--head-timeout-s", "2", "--body-timeout-s", "5", "--limit-concurrency", "64"]
     result = runner.invoke(app, ["serve", "--analytic-only", *options], env=env)
     assert result.exit_code == 0, result.output
-    assert served[-1] == ("127.0.0.1", 9100, "debug", True, 30.0, "auto", "auto")
+    assert served[-1] == ("127.0.0.1", 9100, "debug", True, 30.0, "auto", (2.0, 5.0), 64)
 
 
 def test_the_registry_comes_from_the_option_the_variable_or_the_default(tmp_path, served):
