@@ -192,6 +192,7 @@ WriteAuth = [Depends(require_token)]
 ReadAuth = [Depends(require_read_token)]
 _ERRORS = {
     401: {"model": ErrorOut, "description": "missing or wrong bearer token"},
+    408: {"model": ErrorOut, "description": "the request head or body did not arrive in time (--head-timeout-s, …)"},
     413: {"model": ErrorOut, "description": "body too large"},
     422: {"model": ErrorOut, "description": "invalid input; detail[].loc names the field"},
 }

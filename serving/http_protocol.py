@@ -20,11 +20,12 @@ Thread safety: the event loop only, as uvicorn's protocol.
 from __future__ import annotations
 
 import asyncio
+import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 _TIMEOUT = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
 )
 
 
@@ -74,8 +75,8 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         TimedHttpToolsProtocol.closed[stage] += 1
         cycle = self.cycle
         if cycle is None or not cycle.response_started:
-            text = f"request {stage} not received within {timeout_s:g} s".encode()
-            self.transport.write(_TIMEOUT % len(text) + text)
+            text = json.dumps({"detail": f"request {stage} not received within {timeout_s:g} s"}).encode()
+            self.transport.write(_TIMEOUT % len(text) + text)  # the service's error body (ErrorOut)
         self.transport.close()
 
 
