@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -130,10 +131,36 @@ class EngineMetrics:
     process_start_time_s: float | None = None
 
 
+#: Every sample name read (``sglang_`` spellings included): the only lines handed to the parser.
+_WANTED = frozenset(
+    {n for table in (_VLLM, _SGLANG) for names in table.values() for n in names}
+    | {n.replace("sglang:", "sglang_") for names in _SGLANG.values() for n in names}
+    | {_VLLM_CACHE_CONFIG, "process_start_time_seconds"}
+)
+
+
+def wanted_lines(text: str) -> str:
+    """The sample lines of the names read, and any line that is neither a comment nor a ``name{…} value``
+    sample (so that a text that is not exposition is still refused). A vLLM ``/metrics`` is thousands of
+    lines, mostly histogram buckets; prometheus-client's parser reads them character by character on the
+    event loop (about 10 % of a gateway's CPU at 20 requests/s), which this filter avoids."""
+    kept = []
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in _WANTED or not _METRIC_NAME.fullmatch(name):
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
 def _samples(text: str) -> dict[str, list[tuple[Mapping[str, str], float]]]:
     samples: dict[str, list[tuple[Mapping[str, str], float]]] = {}
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(wanted_lines(text)):
             for sample in family.samples:
                 name = sample.name
                 if name.startswith("sglang_"):  # SGLang releases that dropped the colon

@@ -18,6 +18,7 @@ from kvcost.serving.engines.engine_metrics import (
     parse_scrape_target,
     prefix_cache_hit_ratio,
     snapshot_from_metrics,
+    wanted_lines,
 )
 from kvcost.serving.metrics import ServiceMetrics
 from kvcost.serving.schemas import SnapshotIn
@@ -333,3 +334,13 @@ def test_serve_scrapes_on_an_interval_and_scores_with_the_snapshot(tmp_path, ser
         assert (scraped["snapshot"], sent["snapshot"]) == ("pushed", "inline")
         assert scraped["ttft_s"] == sent["ttft_s"] > 0.4  # 3 × 2,000 waiting prompt tokens ahead of it
     assert client.app.state.engine_scraper._task is None  # stopped with the app
+
+
+def test_only_the_lines_read_reach_the_parser_and_the_reading_is_unchanged():
+    buckets = "\n".join(
+        f'vllm:e2e_request_latency_seconds_bucket{{engine="0",le="{le}",{MODEL}}} {i}'
+        for i, le in enumerate(range(3000))
+    )
+    noisy = vllm_text() + "# TYPE vllm:e2e_request_latency_seconds histogram\n" + buckets + "\n"
+    assert parse_engine_metrics(noisy) == parse_engine_metrics(vllm_text())
+    assert "e2e_request_latency" not in wanted_lines(noisy) and "vllm:num_requests_running" in wanted_lines(noisy)
