@@ -75,6 +75,7 @@ def serve(
         return settings, create_app(settings)
 
     settings, api = guard(build, aliases=SERVE.renames)
+    api.state.warm_heavy = True  # the first /v1/evict/rank must not wait for a worker process to start
     registry_text = settings.mlflow_uri or "none (analytic model)"
     auth = "bearer token required on write endpoints" if settings.token_file else "no token"
     reuse_dir = settings.reuse_model_dir

@@ -516,6 +516,8 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
             scraper.start()
         app.state.engine_scraper = scraper
         loading = asyncio.create_task(service.load_model())
+        if app.state.warm_heavy:
+            app.state.heavy.warm()
         try:
             yield
         finally:
@@ -542,6 +544,8 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     app.state.protect_reads = settings.protect_reads
     app.state.heavy = HeavyPool(settings)
     app.state.heavy_body_bytes = settings.heavy_body_bytes
+    #: Start the heavy-request workers with the app (``kvcost serve`` does; tests' apps start them when used).
+    app.state.warm_heavy = False
     app.add_middleware(
         BodySizeLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,

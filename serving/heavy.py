@@ -20,8 +20,10 @@ request beyond that is refused with :class:`PoolBusyError` (the API answers 503
 with ``Retry-After``), so a burst of heavy requests cannot queue unbounded work
 or memory. Worker processes are started with ``spawn`` (the service has
 threads: the log writer, the KV-event subscriber; ``fork`` would copy their
-locks), on the first heavy request, and each loads the P(reuse) model of
-``--reuse-model-dir`` once.
+locks), when ``kvcost serve`` starts (:meth:`HeavyPool.warm`; an app built in
+a test starts them at its first heavy request), and each loads the P(reuse)
+model of ``--reuse-model-dir`` once. A worker ends by itself when the service
+process is gone, ``kill -9`` included.
 
 Thread safety: :meth:`HeavyPool.run` from the event loop only.
 """
@@ -32,6 +34,9 @@ import asyncio
 import concurrent.futures
 import json
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures.process import BrokenProcessPool
 
 from pydantic import ValidationError
@@ -120,9 +125,16 @@ class HeavyPool:
                 self.workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_worker,
-                initargs=(self._settings,),
+                initargs=(self._settings, os.getpid()),
             )
         return self._executor
+
+    def warm(self) -> None:
+        """Start every worker process now (each imports the service's modules, about 1–5 s of CPU), so that
+        the first heavy request does not wait for it. Returns at once."""
+        pool = self._pool()
+        for _ in range(self.workers):
+            pool.submit(_ready)
 
     def shutdown(self) -> None:
         """Stop the workers (running requests finish; queued ones are cancelled). Idempotent."""
@@ -136,11 +148,24 @@ _SETTINGS: ServiceSettings | None = None
 _REUSE_MODEL = None
 
 
-def _start_worker(settings: ServiceSettings) -> None:
+def _start_worker(settings: ServiceSettings, parent_pid: int) -> None:
     global _SETTINGS, _REUSE_MODEL
     _SETTINGS = settings
     if settings.reuse_model_dir is not None:
         _REUSE_MODEL = load_reuse_model(settings.reuse_model_dir)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True, name="parent-watch").start()
+
+
+def _exit_with_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """End this worker once the service process is gone (``kill -9`` gives it no chance to stop its pool):
+    the worker is then re-parented, so its parent id changes."""
+    while os.getppid() == parent_pid:
+        time.sleep(interval_s)
+    os._exit(0)
+
+
+def _ready() -> bool:
+    return True
 
 
 def _error_json(exc: ValidationError) -> bytes:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -67,6 +68,8 @@ from kvcost.serving.model_loading import one_line
 from kvcost.serving.service import MeasuredOutcome, ScoringService
 
 logger = logging.getLogger(__name__)
+#: Decision ids: 62 random bits from a generator seeded by the OS (``secrets`` would read /dev/urandom per call).
+_IDS = random.Random()
 
 #: The two OpenAI endpoints the gateway routes: path → tokenizer method.
 ENDPOINTS = {"/v1/completions": "completion_ids", "/v1/chat/completions": "chat_ids"}
@@ -188,7 +191,7 @@ class Gateway:
     def _route(
         self, token_ids: list[int], arrival_s: float, salt: str | None, tried: list[int], started: float, client: str
     ) -> _Attempt:
-        decision_id = secrets.randbits(62)
+        decision_id = _IDS.getrandbits(62)  # unique, not secret: no system call per request
         routing = self.service.routing
         request = routing.token_request(decision_id, token_ids, arrival_s, salt)
         workers = self.engines.available(exclude=tried)

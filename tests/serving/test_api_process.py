@@ -220,3 +220,30 @@ def test_slow_clients_get_408_and_are_closed_after_the_head_and_body_timeouts(tm
     assert answers["a head and one body byte"].endswith(b'{"detail": "request body not received within 1 s"}')
     with httpx.Client(base_url=server.url, timeout=10.0) as http:  # a whole request is not limited
         assert http.post("/v1/score", json=make_body(request_id=1)).status_code == 200
+
+
+def test_the_heavy_workers_start_with_the_server_and_end_with_a_kill_9(tmp_path, servers):
+    server = Server(tmp_path, tmp_path / "log.duckdb")
+    servers.append(server)
+    deadline = time.monotonic() + 30
+    while not (workers := _children(server.proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)  # warmed at start: no heavy request was sent
+    assert workers, "no worker process started with the server"
+    server.kill()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers), f"workers {workers} outlived a kill -9"
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid`` (Linux ``/proc``)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
