@@ -86,8 +86,8 @@ def serve(
     )
     uvicorn.run(  # uvloop where installed (a dependency); httptools with read timeouts
         api, host=settings.host, port=settings.port, log_level=log_level, access_log=access_log,
-        timeout_keep_alive=keep_alive_timeout_s, loop="auto", http=timed_protocol(head_timeout_s, body_timeout_s),
-        limit_concurrency=limit_concurrency,
+        timeout_keep_alive=keep_alive_timeout_s, loop="auto",
+        http=timed_protocol(head_timeout_s, body_timeout_s, limit_concurrency),
     )  # fmt: skip
 
 

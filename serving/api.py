@@ -195,14 +195,23 @@ _ERRORS = {
     408: {"model": ErrorOut, "description": "the request head or body did not arrive in time (--head-timeout-s, …)"},
     413: {"model": ErrorOut, "description": "body too large"},
     422: {"model": ErrorOut, "description": "invalid input; detail[].loc names the field"},
+    503: {
+        "model": ErrorOut,
+        "description": "too many open connections or requests (--limit-concurrency); retry after Retry-After",
+        "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
+    },
 }
 _BUSY = {
-    "model": ErrorOut,
-    "description": "the worker pool's queue is full, or a worker died; retry after the Retry-After header's seconds",
-    "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
+    **_ERRORS[503],
+    "description": "too many open connections or requests, the worker pool's queue is full, or a worker died; "
+    "retry after the Retry-After header's seconds",
 }
 _CONFLICT = {"model": ErrorOut, "description": "the request id was routed before"}
-_UNCOMMITTED = {"model": ErrorOut, "description": "the log could not commit the observation (nothing recorded)"}
+_UNCOMMITTED = {
+    "model": ErrorOut,
+    "description": "the log could not commit the observation (nothing recorded), or too many open connections "
+    "or requests (then with Retry-After)",
+}
 
 
 def _json_body_of(model: type[BaseModel]) -> dict:

@@ -14,6 +14,10 @@ the body, a task. Slow clients are bounded here instead:
 Past either, the connection is closed; a request still without a response gets
 ``408 Request Timeout`` first. The timer is cancelled when the request is
 complete, so the time the application takes to answer is not limited here.
+
+**Concurrency**: while ``max_concurrency`` connections or requests are open, a new
+request is answered 503 with ``Retry-After: 1`` (uvicorn's ``--limit-concurrency``
+does the same, in plain text; this one is the service's JSON error body).
 Thread safety: the event loop only, as uvicorn's protocol.
 """
 
@@ -34,6 +38,7 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
 
     head_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
+    max_concurrency: int = 2048
     #: Connections closed per stage ("head", "body"), all instances (for the service's metric).
     closed: dict[str, int] = {"head": 0, "body": 0}
 
@@ -48,7 +53,15 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
             self._arm("head", self.head_timeout_s)
 
     def on_headers_complete(self) -> None:
-        super().on_headers_complete()
+        # this connection is among ``connections``; this request is not yet among ``tasks``
+        if len(self.connections) > self.max_concurrency or len(self.tasks) >= self.max_concurrency:
+            app, self.app = self.app, _over_limit  # this request only
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+        else:
+            super().on_headers_complete()
         self._arm("body", self.body_timeout_s)
 
     def on_message_complete(self) -> None:
@@ -80,14 +93,29 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def timed_protocol(head_timeout_s: float, body_timeout_s: float) -> type[TimedHttpToolsProtocol]:
-    """A :class:`TimedHttpToolsProtocol` class with these timeouts (seconds, > 0), for ``uvicorn.run(http=…)``.
+async def _over_limit(scope, receive, send) -> None:
+    """The 503 of a request past the concurrency limit, in the service's error body."""
+    body = json.dumps({"detail": "too many open connections or requests; retry after 1 s"}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def timed_protocol(
+    head_timeout_s: float, body_timeout_s: float, max_concurrency: int = 2048
+) -> type[TimedHttpToolsProtocol]:
+    """A :class:`TimedHttpToolsProtocol` class with these timeouts (seconds, > 0) and concurrency limit (≥ 1),
+    for ``uvicorn.run(http=…)``.
 
     Raises:
-        ValueError: a timeout ≤ 0 (names it).
+        ValueError: a timeout ≤ 0 or a limit < 1 (names it).
     """
     for name, value in (("head_timeout_s", head_timeout_s), ("body_timeout_s", body_timeout_s)):
         if not value > 0:
             raise ValueError(f"{name} = {value!r}, expected seconds > 0")
+    if not max_concurrency >= 1:
+        raise ValueError(f"max_concurrency = {max_concurrency!r}, expected ≥ 1")
     attributes = {"head_timeout_s": head_timeout_s, "body_timeout_s": body_timeout_s}
+    attributes["max_concurrency"] = max_concurrency
     return type("TimedHttpToolsProtocol", (TimedHttpToolsProtocol,), attributes)

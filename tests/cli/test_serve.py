@@ -26,9 +26,9 @@ def served(monkeypatch):
     """``uvicorn.run`` replaced: the settings ``kvcost serve`` would run with, instead of a server."""
     runs = []
 
-    def run(api, host, port, log_level, access_log, timeout_keep_alive, loop, http, limit_concurrency):
-        timeouts = (http.head_timeout_s, http.body_timeout_s)
-        runs.append((host, port, log_level, access_log, timeout_keep_alive, loop, timeouts, limit_concurrency))
+    def run(api, host, port, log_level, access_log, timeout_keep_alive, loop, http):
+        limits = (http.head_timeout_s, http.body_timeout_s)
+        runs.append((host, port, log_level, access_log, timeout_keep_alive, loop, limits, http.max_concurrency))
 
     monkeypatch.setattr("uvicorn.run", run)
     return runs

@@ -32,17 +32,18 @@ from tests.e2e.test_gateway_vllm import ENGINE_VENV, ROOT, KvcostServe
 from tests.e2e.traffic import Spec, block_text, block_tokens, send
 
 
-def _bodies(count: int) -> list[dict]:
-    """Short completions (4 blocks, 8 tokens out), each its own prefix: the added cost, not the cache, is measured."""
+def _bodies(count: int, first: int = 0) -> list[dict]:
+    """Short completions (4 blocks, 8 tokens out), each its own prefix: the added cost, not the cache, is measured.
+    ``first``: the index of the first (bodies of other indexes share no block)."""
     bodies = []
-    for i in range(count):
+    for i in range(first, first + count):
         prompt = [t for h in range(4) for t in block_tokens(10_000 + 4 * i + h)]
         bodies.append({"model": "tiny", "prompt": prompt, "max_tokens": 8, "stream": True, "ignore_eos": True})
     return bodies
 
 
 async def _interleaved(
-    engine_url: str, gateway_url: str, rate_per_s: float, count: int
+    engine_url: str, gateway_url: str, rate_per_s: float, count: int, first: int = 0
 ) -> tuple[dict[str, list[float]], dict[str, Counter]]:
     """TTFT (s) of each path's requests that streamed output, and each path's failures counted by message."""
     ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
@@ -50,7 +51,7 @@ async def _interleaved(
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
         tasks = []
         start = time.perf_counter()
-        for i, body in enumerate(_bodies(count)):
+        for i, body in enumerate(_bodies(count, first)):
             await asyncio.sleep(max(0.0, start + i / rate_per_s - time.perf_counter()))
             path = "direct" if i % 2 == 0 else "gateway"
             url = engine_url if path == "direct" else gateway_url
@@ -92,6 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=50.0, help="requests/s, both paths together")
     parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--warm-up", type=int, default=200, help="requests sent first, not timed")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvcost-overhead-"))
     model = work / "tiny-model"
@@ -106,8 +108,10 @@ def main() -> None:
     )  # fmt: skip
     try:
         serve.start()
+        # not timed: the engine's first requests, and the service's start (its heavy-request worker imports)
+        asyncio.run(_interleaved(engine.base_url, serve.url, args.rate, args.warm_up))
         cpu_before_s = _cpu_s(serve.process.pid)
-        ttft, failures = asyncio.run(_interleaved(engine.base_url, serve.url, args.rate, args.requests))
+        ttft, failures = asyncio.run(_interleaved(engine.base_url, serve.url, args.rate, args.requests, args.warm_up))
         gateway_cpu_s = _cpu_s(serve.process.pid) - cpu_before_s
         costs = asyncio.run(_tokenize_costs(engine.base_url, model, 200))
     finally:

@@ -247,3 +247,15 @@ def _children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
+
+
+def test_past_the_concurrency_limit_a_request_gets_503_with_retry_after(tmp_path, servers):
+    server = Server(tmp_path, tmp_path / "log.duckdb", extra_args=("--limit-concurrency", "1"))
+    servers.append(server)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10.0) as holding:
+        holding.sendall(b"POST /v1/score HTTP/1.1\r\nhost: x\r\n")  # one connection open, its head unfinished
+        time.sleep(0.2)
+        refused = httpx.get(f"{server.url}/healthz", timeout=10.0)
+    assert (refused.status_code, refused.headers["retry-after"]) == (503, "1")
+    assert refused.json() == {"detail": "too many open connections or requests; retry after 1 s"}
+    assert httpx.get(f"{server.url}/healthz", timeout=10.0).status_code == 200  # the other one closed
