@@ -25,7 +25,7 @@ a test starts them at its first heavy request), and each loads the P(reuse)
 model of ``--reuse-model-dir`` once. A worker ends by itself when the service
 process is gone, ``kill -9`` included.
 
-Thread safety: :meth:`HeavyPool.run` from the event loop only.
+Thread safety: :meth:`HeavyPool.rank` and :meth:`HeavyPool.parse_score` from the event loop only.
 """
 
 from __future__ import annotations
