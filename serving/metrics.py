@@ -5,6 +5,8 @@ Exposed at ``GET /metrics`` (names as scraped; counters gain ``_total``):
 ===============================================  =======================================================
 ``kvcost_decisions_total``                       routing decisions by ``policy`` and ``reason_kind``
 ``kvcost_route_latency_seconds``                 service time of ``/v1/score`` and ``/v1/route``
+``kvcost_profile_fallbacks_total``               per ``endpoint`` (score, route): answers for a model other
+                                                 than the one the fleet serves, priced with ``--model``'s profile
 ``kvcost_namespace_unverified_total``            per ``endpoint`` (score, route): answers for which no scored
                                                  candidate's snapshot declared a namespace (the request's
                                                  model was checked against none)
@@ -276,6 +278,12 @@ class ServiceMetrics:
         )
         self.observations = Counter("kvcost_observations", "Observations by result", ["result"], registry=r)
         self.log_write_errors = Counter("kvcost_log_write_errors", "Failed DuckDB write batches", registry=r)
+        self.profile_fallbacks = Counter(
+            "kvcost_profile_fallbacks",
+            "Score and route answers for a model the service has no profile of (priced with --model's)",
+            ["endpoint"],
+            registry=r,
+        )
         self.namespace_unverified = Counter(
             "kvcost_namespace_unverified",
             "Score and route answers for which no scored candidate declared the namespace it serves",
@@ -325,6 +333,7 @@ class ServiceMetrics:
         for endpoint in ("score", "route"):
             self.route_latency.labels(endpoint)
             self.namespace_unverified.labels(endpoint)
+            self.profile_fallbacks.labels(endpoint)
         self._reason_kinds: set[str] = set()
 
     def count_decision(self, policy: str, reason: str) -> None:

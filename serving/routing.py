@@ -172,7 +172,8 @@ class Routing:
         request, snapshots, sources, ages = self.resolve(body, now_s)
         decision = self._route(self.scorer, request, snapshots, now_s)
         fields = score_fields(decision, request, sources, ages, model_label, self.directory_mode)
-        return ScoreResponse(**fields, namespace_unverified=namespace_unverified(decision, snapshots))
+        unverified = namespace_unverified(decision, snapshots)
+        return ScoreResponse(**fields, profile=self.profile_of(request), namespace_unverified=unverified)
 
     def route(self, body: ScoreRequestIn, run_id: str, model_label: str) -> tuple[RouteResponse, RouteDecision]:
         """Route the request and remember the decision; returns the response and the decision (to log).
@@ -191,6 +192,14 @@ class Routing:
         now_s = self.clock()
         request, snapshots, sources, ages = self.resolve(body, now_s)
         return self.decide(request, snapshots, sources, ages, run_id, model_label, now_s)
+
+    def profile_of(self, request: RouteRequest) -> str:
+        """The profile the request's step times come from: ``--model``'s when the request names the model the
+        fleet serves (``--served-model-name``, else ``--model``), else ``fallback:<--model>``: one model per
+        service, so another model's request is priced with it, and says so (never a silent substitute)."""
+        served = {self.settings.model, self.settings.served_model_name or self.settings.model}
+        model = self.settings.model
+        return model if request.namespace.model in served else f"fallback:{model}"
 
     def directory_mode(self, worker_id: int) -> str:
         """``exact`` (the worker's KV events feed the directory) or ``approximate`` (routed prefixes, with a TTL)."""
@@ -233,6 +242,7 @@ class Routing:
         self.decisions.remember(request.request_id, record)
         response = RouteResponse(
             **score_fields(decision, request, sources, ages, model_label, self.directory_mode),
+            profile=self.profile_of(request),
             namespace_unverified=namespace_unverified(decision, snapshots),
             worker_id=decision.worker_id,
             chosen_index=index,

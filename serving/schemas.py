@@ -302,6 +302,11 @@ class ScoreResponse(BaseModel):
     model: str = Field(description="cost model used: 'analytic' or 'champion vN'")
     learned: bool
     request_blocks: int = Field(description="full blocks of the prompt")
+    profile: str = Field(
+        description="the model profile the step times come from: the service's --model when the request names "
+        "the model the fleet serves (--served-model-name, else --model), else 'fallback:<--model>' (the "
+        "request's model has no profile of its own; kvcost_profile_fallbacks_total counts it)"
+    )
     namespace_unverified: bool = Field(
         description="no scored candidate's snapshot declares the namespace it serves: the request's model, "
         "revision, adapter and block size were checked against none (every worker is assumed to serve it)"

@@ -320,8 +320,7 @@ class ScoringService:
         start = time.perf_counter()
         response = self.routing.score(body, self.model_status.label)
         self.metrics.route_latency.labels("score").observe(time.perf_counter() - start)
-        if response.namespace_unverified:
-            self.metrics.namespace_unverified.labels("score").inc()
+        self._count_doubts(response, "score")
         return response
 
     def route(self, body: ScoreRequestIn) -> RouteResponse:
@@ -336,9 +335,15 @@ class ScoringService:
         start = time.perf_counter()
         response, decision = self.routing.route(body, self.run_id, self.model_status.label)
         self._log_decision(decision, start)
-        if response.namespace_unverified:
-            self.metrics.namespace_unverified.labels("route").inc()
+        self._count_doubts(response, "route")
         return response
+
+    def _count_doubts(self, response: ScoreResponse, endpoint: str) -> None:
+        """Count an answer priced with another model's profile, or whose namespace no candidate declared."""
+        if response.namespace_unverified:
+            self.metrics.namespace_unverified.labels(endpoint).inc()
+        if response.profile.startswith("fallback:"):
+            self.metrics.profile_fallbacks.labels(endpoint).inc()
 
     def route_resolved(
         self,

@@ -158,3 +158,15 @@ def test_capped_blocks_reach_the_metrics(tmp_path):
     assert 'kvcost_directory_capped_blocks_total{worker="0"} 1.0' in text
     assert 'kvcost_directory_blocks_held{worker="0"} 2.0' in text
     assert "kvcost_in_flight_capped_entries_total 0.0" in text
+
+
+def test_a_model_the_fleet_does_not_serve_is_priced_as_an_explicit_fallback(tmp_path):
+    with TestClient(create_app(settings_for(tmp_path, served_model_name="tiny"))) as client:
+        profiles = {}
+        for model in ("tiny", "llama-3-8b", "qwen2.5-72b"):
+            body = make_body()
+            body["request"]["namespace"]["model"] = model
+            profiles[model] = client.post("/v1/score", json=body).json()["profile"]
+        text = client.get("/metrics").text
+    assert profiles == {"tiny": "llama-3-8b", "llama-3-8b": "llama-3-8b", "qwen2.5-72b": "fallback:llama-3-8b"}
+    assert 'kvcost_profile_fallbacks_total{endpoint="score"} 1.0' in text
