@@ -43,14 +43,12 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.models.reuse import load_reuse_model
@@ -58,12 +56,11 @@ from kvcost.serving.engines.engine_metrics import EngineMetricsScraper, ScrapeTa
 from kvcost.serving.engines.kv_events import KVEventIngestor
 from kvcost.serving.engines.kv_subscriber import KVEventSubscriber
 from kvcost.serving.engines.liveness import EngineLiveness
-from kvcost.serving.error_bodies import field_error_body, validation_error_body
+from kvcost.serving.error_bodies import ModelT, field_error_body, parse_json_body, validation_error_body
 from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError
 from kvcost.serving.gateway.routes import build_gateway, engine_client, openai, openai_error_response
 from kvcost.serving.gateway.sse import OpenAIError
-from kvcost.serving.heavy import HeavyPool, PoolBusyError, parse_score_body
-from kvcost.serving.model_loading import one_line
+from kvcost.serving.heavy import HeavyPool, PoolBusyError
 from kvcost.serving.schemas import (
     MAX_ID,
     ErrorOut,
@@ -279,14 +276,20 @@ def _json(model: BaseModel) -> Response:
 scoring = APIRouter(prefix="/v1", tags=["scoring"])
 
 
+async def _body_of(request: Request, model: type[ModelT]) -> ModelT | Response:
+    """The request's body validated as ``model`` (:func:`parse_json_body`), or its 422."""
+    body = parse_json_body(await request.body(), model)
+    return Response(body, status_code=422, media_type="application/json") if isinstance(body, bytes) else body
+
+
 async def _score_body(request: Request) -> ScoreRequestIn | Response:
     """The request's validated body, or its 422. A body over ``heavy_body_bytes`` is parsed, validated and
     its tokens hashed in the worker pool (:mod:`kvcost.serving.heavy`), not on the event loop."""
     raw = await request.body()
-    if len(raw) > request.app.state.heavy_body_bytes:
-        body = await request.app.state.heavy.parse_score(raw)
+    if len(raw) <= request.app.state.heavy_body_bytes:
+        body = parse_json_body(raw, ScoreRequestIn)
     else:
-        body = parse_score_body(raw)
+        body = await request.app.state.heavy.parse_score(raw)
     if isinstance(body, bytes):
         return Response(body, status_code=422, media_type="application/json")
     return body
@@ -322,23 +325,35 @@ observations = APIRouter(prefix="/v1", tags=["observations"])
 
 
 @observations.post(
-    "/observe", response_model=ObservationResponse, dependencies=WriteAuth, responses={**_ERRORS, 503: _UNCOMMITTED}
+    "/observe",
+    response_model=ObservationResponse,
+    dependencies=WriteAuth,
+    responses={**_ERRORS, 503: _UNCOMMITTED},
+    openapi_extra={"requestBody": _json_body_of(ObservationIn)},
 )
-async def observe(body: ObservationIn, service: ServiceDep) -> ObservationResponse:
+async def observe(request: Request, service: ServiceDep) -> Response:
     """Record a routed request's actual times; durable when answered; a repeated id answers ``duplicate``, an id
     with no decision (lost in a crash before its commit) is recorded as ``unjoined``, never refused."""
-    return await service.observe(body)
+    body = await _body_of(request, ObservationIn)
+    return body if isinstance(body, Response) else _json(await service.observe(body))
 
 
 workers = APIRouter(prefix="/v1/workers", tags=["workers"])
 
 
-@workers.post("/{worker_id}/snapshot", response_model=SnapshotAck, dependencies=WriteAuth, responses=_ERRORS)
+@workers.post(
+    "/{worker_id}/snapshot",
+    response_model=SnapshotAck,
+    dependencies=WriteAuth,
+    responses=_ERRORS,
+    openapi_extra={"requestBody": _json_body_of(SnapshotIn)},
+)
 async def push_snapshot(
-    worker_id: Annotated[int, Path(ge=0, le=MAX_ID)], body: SnapshotIn, service: ServiceDep
-) -> SnapshotAck:
+    worker_id: Annotated[int, Path(ge=0, le=MAX_ID)], request: Request, service: ServiceDep
+) -> Response:
     """Store the worker's load snapshot, used for candidates that carry none inline."""
-    return service.push_snapshot(worker_id, body)
+    body = await _body_of(request, SnapshotIn)
+    return body if isinstance(body, Response) else _json(service.push_snapshot(worker_id, body))
 
 
 eviction = APIRouter(prefix="/v1/evict", tags=["eviction"])
@@ -405,23 +420,6 @@ async def metrics(service: ServiceDep) -> Response:
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     return JSONResponse(validation_error_body(exc.errors()), status_code=422)
-
-
-#: What FastAPI answers (400) when it cannot even decode a body: invalid UTF-8, or JSON nested too deep.
-_UNPARSED_BODY = "There was an error parsing the body"
-
-
-async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-    """A body FastAPI could not decode is a 422 in the service's shape, like any other invalid JSON,
-    naming the cause; every other HTTP error keeps FastAPI's own answer."""
-    if exc.status_code != 400 or exc.detail != _UNPARSED_BODY:
-        return await http_exception_handler(request, exc)
-    cause = exc.__cause__
-    why = "nested too deep" if isinstance(cause, RecursionError) else one_line(cause) if cause else "unreadable"
-    if isinstance(cause, UnicodeDecodeError):
-        why = f"not UTF-8 (byte {cause.start})"
-    detail = [{"loc": ["body"], "msg": f"body is not valid JSON ({why})", "type": "json_invalid"}]
-    return JSONResponse({"detail": detail, "message": detail[0]["msg"]}, status_code=422)
 
 
 async def _field_error(request: Request, exc: FieldError) -> JSONResponse:
@@ -561,7 +559,6 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
         path_limits={"/v1/evict/rank": settings.max_rank_body_bytes},
     )
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(FieldError, _field_error)
     app.add_exception_handler(ConflictError, _status_handler(409))
     app.add_exception_handler(LogUnavailableError, _status_handler(503))

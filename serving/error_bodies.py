@@ -7,7 +7,13 @@ and for the endpoints that parse their body in a worker process
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 #: Longest input value echoed back in a 422 (a 1M-token body must not come back whole).
 MAX_ECHO_CHARS = 80
@@ -41,6 +47,17 @@ def validation_error_body(errors: Iterable[dict]) -> dict:
     entries = [error_entry(e) for e in errors]
     message = error_message(entries[0]["loc"], entries[0]["msg"]) if entries else "invalid request"
     return {"detail": entries, "message": message}
+
+
+def parse_json_body(raw: bytes, model: type[ModelT]) -> ModelT | bytes:
+    """``raw`` validated as ``model`` by pydantic's JSON parser (every JSON body of the service is read this way,
+    so that each error is worded alike), or the 422 error body (JSON bytes) naming each invalid field under
+    ``body``. Nesting deeper than the parser's limit (about 200 levels) is such an error."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        return json.dumps(validation_error_body(errors)).encode()
 
 
 def field_error_body(loc: Sequence, msg: str) -> dict:

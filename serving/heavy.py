@@ -39,10 +39,8 @@ import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
 
-from pydantic import ValidationError
-
 from kvcost.models.reuse import load_reuse_model
-from kvcost.serving.error_bodies import field_error_body, validation_error_body
+from kvcost.serving.error_bodies import field_error_body, parse_json_body
 from kvcost.serving.errors import FieldError
 from kvcost.serving.eviction_wire import rank_request
 from kvcost.serving.routing import with_block_hashes
@@ -168,11 +166,6 @@ def _ready() -> bool:
     return True
 
 
-def _error_json(exc: ValidationError) -> bytes:
-    errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
-    return json.dumps(validation_error_body(errors)).encode()
-
-
 def parse_score_body(raw: bytes, hash_tokens: bool = False, settings: ServiceSettings | None = None):
     """A ``/v1/score`` / ``/v1/route`` body → the validated :class:`ScoreRequestIn`, or the 422 error body (bytes).
 
@@ -180,11 +173,10 @@ def parse_score_body(raw: bytes, hash_tokens: bool = False, settings: ServiceSet
         hash_tokens: replace ``token_ids`` by their block hashes (:func:`with_block_hashes`), as a worker does.
         settings: how to hash (a worker: its own, from its initializer).
     """
-    try:
-        body = ScoreRequestIn.model_validate_json(raw)
-    except ValidationError as exc:
-        return _error_json(exc)
-    return with_block_hashes(body, settings or _SETTINGS) if hash_tokens else body
+    body = parse_json_body(raw, ScoreRequestIn)
+    if isinstance(body, bytes) or not hash_tokens:
+        return body
+    return with_block_hashes(body, settings or _SETTINGS)
 
 
 def rank_body(raw: bytes, reuse_model=None) -> tuple[int, bytes]:
@@ -192,10 +184,9 @@ def rank_body(raw: bytes, reuse_model=None) -> tuple[int, bytes]:
 
     Runs in a worker process (``reuse_model`` None: the worker's own, loaded by its initializer).
     """
-    try:
-        body = EvictRankIn.model_validate_json(raw)
-    except ValidationError as exc:
-        return 422, _error_json(exc)
+    body = parse_json_body(raw, EvictRankIn)
+    if isinstance(body, bytes):
+        return 422, body
     try:
         ranked = rank_request(body, reuse_model if reuse_model is not None else _REUSE_MODEL)
     except FieldError as exc:

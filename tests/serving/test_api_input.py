@@ -57,20 +57,10 @@ def test_malformed_json_is_422_saying_where(client):
     assert response.json()["message"] == "body is not valid JSON (EOF while parsing a value at line 1 column 12)"
 
 
-@pytest.mark.parametrize(
-    "path, utf8, deep",
-    [
-        # FastAPI parses these; it answers them with an undocumented 400 "There was an error parsing the body"
-        ("/v1/observe", "not UTF-8 (byte 13)", "nested too deep"),
-        # these parse their own body (large ones in the worker pool), with pydantic's JSON parser
-        (
-            "/v1/score",
-            "invalid unicode code point at line 1 column 14",
-            "recursion limit exceeded at line 1 column 202",
-        ),
-    ],
-)
-def test_bodies_that_cannot_be_decoded_are_422_saying_why(client, path, utf8, deep):
+@pytest.mark.parametrize("path", ["/v1/observe", "/v1/score"])  # every JSON body is read by pydantic's parser
+def test_bodies_that_cannot_be_decoded_are_422_saying_why(client, path):
+    # FastAPI answered these with an undocumented 400 "There was an error parsing the body" (kvcost issue 15)
+    utf8, deep = "invalid unicode code point at line 1 column 14", "recursion limit exceeded at line 1 column 202"
     headers = {"content-type": "application/json", **AUTH}
     bad_utf8 = client.post(path, content=b'{"request": "\xff"}', headers=headers)
     nested = client.post(path, content="[" * 1000 + "]" * 1000, headers=headers)
