@@ -339,6 +339,9 @@ def test_openai_surface_models_non_streamed_errors_and_a_client_that_disconnects
                                      headers={"x-request-id": "gone-1"}) as response:  # fmt: skip
                 async for _ in response.aiter_lines():
                     break  # the client goes away after the first token
+            # asyncio closes a transport's socket in a callback: ending the loop at once could leave the
+            # socket open (the gateway then streams all 1,500 tokens into its buffer, as once happened)
+            await asyncio.sleep(0.5)
 
     asyncio.run(disconnect())
     time.sleep(2.0)
