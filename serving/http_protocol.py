@@ -39,8 +39,6 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
     head_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     max_concurrency: int = 2048
-    #: Connections closed per stage ("head", "body"), all instances (for the service's metric).
-    closed: dict[str, int] = {"head": 0, "body": 0}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -85,7 +83,6 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         self._read_timer = None
         if self.transport.is_closing():
             return
-        TimedHttpToolsProtocol.closed[stage] += 1
         cycle = self.cycle
         if cycle is None or not cycle.response_started:
             text = json.dumps({"detail": f"request {stage} not received within {timeout_s:g} s"}).encode()
