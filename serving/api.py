@@ -276,10 +276,14 @@ def _json(model: BaseModel) -> Response:
 scoring = APIRouter(prefix="/v1", tags=["scoring"])
 
 
+def _or_422(body: ModelT | bytes) -> ModelT | Response:
+    """A parsed body, or its 422 error body (bytes) as the response."""
+    return Response(body, status_code=422, media_type="application/json") if isinstance(body, bytes) else body
+
+
 async def _body_of(request: Request, model: type[ModelT]) -> ModelT | Response:
     """The request's body validated as ``model`` (:func:`parse_json_body`), or its 422."""
-    body = parse_json_body(await request.body(), model)
-    return Response(body, status_code=422, media_type="application/json") if isinstance(body, bytes) else body
+    return _or_422(parse_json_body(await request.body(), model))
 
 
 async def _score_body(request: Request) -> ScoreRequestIn | Response:
@@ -290,9 +294,7 @@ async def _score_body(request: Request) -> ScoreRequestIn | Response:
         body = parse_json_body(raw, ScoreRequestIn)
     else:
         body = await request.app.state.heavy.parse_score(raw)
-    if isinstance(body, bytes):
-        return Response(body, status_code=422, media_type="application/json")
-    return body
+    return _or_422(body)
 
 
 @scoring.post(

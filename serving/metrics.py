@@ -68,7 +68,7 @@ runs in the scraping thread (the event loop).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -155,18 +155,18 @@ class _StateCollector:
     @staticmethod
     def _families(s: StateSample) -> Iterator[Metric]:
         yield GaugeMetricFamily("kvcost_directory_blocks", "Distinct block hashes indexed", value=s.directory_blocks)
-        stale = GaugeMetricFamily(
-            "kvcost_directory_staleness_seconds", "Seconds since the worker's last KV event", labels=["worker"]
+        yield _per_worker(
+            GaugeMetricFamily,
+            "kvcost_directory_staleness_seconds",
+            "Seconds since the worker's last KV event",
+            s.directory_staleness_s,
         )
-        for worker, age_s in sorted(s.directory_staleness_s.items()):
-            stale.add_metric([str(worker)], age_s)
-        yield stale
-        flag = GaugeMetricFamily(
-            "kvcost_directory_stale", "1 while the worker's entries may be wrong (lost KV events)", labels=["worker"]
+        yield _per_worker(
+            GaugeMetricFamily,
+            "kvcost_directory_stale",
+            "1 while the worker's entries may be wrong (lost KV events)",
+            {w: 1.0 if stale else 0.0 for w, stale in s.directory_stale.items()},
         )
-        for worker, is_stale in sorted(s.directory_stale.items()):
-            flag.add_metric([str(worker)], 1.0 if is_stale else 0.0)
-        yield flag
         mode = GaugeMetricFamily(
             "kvcost_directory_mode", "1 for the worker's directory mode (exact, approximate)", labels=["worker", "mode"]
         )
@@ -174,10 +174,9 @@ class _StateCollector:
             mode.add_metric([str(worker), name], 1.0)
         yield mode
         yield from _directory_cap_families(s)
-        snap = GaugeMetricFamily("kvcost_snapshot_age_seconds", "Age of the worker's last snapshot", labels=["worker"])
-        for worker, age_s in sorted(s.snapshot_age_s.items()):
-            snap.add_metric([str(worker)], age_s)
-        yield snap
+        yield _per_worker(
+            GaugeMetricFamily, "kvcost_snapshot_age_seconds", "Age of the worker's last snapshot", s.snapshot_age_s
+        )
         yield GaugeMetricFamily(
             "kvcost_decisions_in_memory", "Decisions held for /v1/observe", value=s.decisions_in_memory
         )
@@ -223,21 +222,27 @@ _KV_COUNTERS: tuple[tuple[str, str, str | None, dict], ...] = (
 )
 
 
+def _per_worker(family: type, name: str, documentation: str, values: Mapping[int, float]) -> Metric:
+    """A gauge or counter family with one sample per ``worker`` label, workers in order."""
+    metric = family(name, documentation, labels=["worker"])
+    for worker, value in sorted(values.items()):
+        metric.add_metric([str(worker)], value)
+    return metric
+
+
 def _directory_cap_families(s: StateSample) -> Iterator[Metric]:
-    held = GaugeMetricFamily(
-        "kvcost_directory_blocks_held", "Blocks the worker holds in the directory, any tier", labels=["worker"]
+    yield _per_worker(
+        GaugeMetricFamily,
+        "kvcost_directory_blocks_held",
+        "Blocks the worker holds in the directory, any tier",
+        s.directory_blocks_held,
     )
-    for worker, blocks in sorted(s.directory_blocks_held.items()):
-        held.add_metric([str(worker)], blocks)
-    yield held
-    capped = CounterMetricFamily(
+    yield _per_worker(
+        CounterMetricFamily,
         "kvcost_directory_capped_blocks",
         "Blocks dropped because the worker passed max_directory_blocks_per_worker (oldest stored first)",
-        labels=["worker"],
+        s.directory_capped_blocks,
     )
-    for worker, blocks in sorted(s.directory_capped_blocks.items()):
-        capped.add_metric([str(worker)], blocks)
-    yield capped
     yield CounterMetricFamily(
         "kvcost_in_flight_capped_entries",
         "In-flight prefixes dropped because their worker passed max_directory_blocks_per_worker",
