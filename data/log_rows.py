@@ -185,7 +185,7 @@ class UnjoinedObservation(NamedTuple):
         columns: dict[str, list] = {"run_id": [run_id], "request_id": [self.request_id]}
         columns["received_s"] = [self.received_s]
         columns |= {name: [value] for name, value in zip(ACTUAL_COLUMNS, self.actual_s, strict=True)}
-        columns |= {name: [getattr(self, name)] for name in ("output_tokens", "actual_reuse_tokens", "tpot_s", "e2e_s")}
+        columns |= {name: [getattr(self, name)] for name in self._fields[3:]}  # the schema's last columns
         return TableBatch("unjoined_observations", columns)
 
 

@@ -71,6 +71,13 @@ def _terms(names: tuple[str, ...], what: str) -> list[Column]:
 
 
 RUN_ID = Column("run_id", "VARCHAR", "run identifier")
+#: What an observation reports besides its terms (``requests`` and ``unjoined_observations``).
+_OBSERVED = {
+    "output_tokens": Column("output_tokens", "BIGINT", "generated tokens"),
+    "actual_reuse_tokens": Column("actual_reuse_tokens", "BIGINT", "prefix actually reused at admission"),
+    "tpot_s": Column("tpot_s", "DOUBLE", "mean time per output token after the first, seconds"),
+    "e2e_s": Column("e2e_s", "DOUBLE", "arrival to last token at the client, seconds"),
+}
 
 SCHEMA: dict[str, tuple[Column, ...]] = {
     "runs": (
@@ -87,13 +94,13 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         Column("arrival_s", "DOUBLE", "arrival time on the replay clock, seconds"),
         Column("worker_id", "BIGINT", "worker that served the request"),
         Column("input_tokens", "BIGINT", "prompt tokens"),
-        Column("output_tokens", "BIGINT", "generated tokens"),
+        _OBSERVED["output_tokens"],
         Column("predicted_reuse_tokens", "BIGINT", "reusable prefix the directory promised"),
-        Column("actual_reuse_tokens", "BIGINT", "prefix actually reused at admission"),
+        _OBSERVED["actual_reuse_tokens"],
         *_terms(PRED_COLUMNS, "predicted"),
         *_terms(ACTUAL_COLUMNS, "actual"),
-        Column("tpot_s", "DOUBLE", "mean time per output token after the first, seconds"),
-        Column("e2e_s", "DOUBLE", "arrival to last token at the client, seconds"),
+        _OBSERVED["tpot_s"],
+        _OBSERVED["e2e_s"],
         Column("directory_mismatch_tokens", "BIGINT", "promised reuse that was gone at admission"),
         Column("mismatch_lost_s", "DOUBLE", "nominal prefill time of the mismatch tokens, seconds"),
         Column("served_by", "VARCHAR", "prefix source: local_hit, tier_load, remote_transfer, recompute"),
@@ -118,10 +125,7 @@ SCHEMA: dict[str, tuple[Column, ...]] = {
         Column("request_id", "BIGINT", "the client's request id, which no decision in memory or in the log has"),
         Column("received_s", "DOUBLE", "when the service received it, epoch seconds"),
         *_terms(ACTUAL_COLUMNS, "actual"),
-        Column("output_tokens", "BIGINT", "generated tokens"),
-        Column("actual_reuse_tokens", "BIGINT", "prefix actually reused at admission"),
-        Column("tpot_s", "DOUBLE", "mean time per output token after the first, seconds"),
-        Column("e2e_s", "DOUBLE", "arrival to last token at the client, seconds"),
+        *_OBSERVED.values(),
     ),
     "candidates": (
         RUN_ID,
