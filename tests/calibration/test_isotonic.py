@@ -22,9 +22,10 @@ def test_fit_gives_pooled_adjacent_violators_values():
     assert cal.y_thresholds_s.tolist() == [1.0, 2.5, 2.5, 3.375, 3.375]
 
 
-def test_transform_interpolates_between_knots_and_clips_outside():
+def test_transform_interpolates_between_knots_clips_below_and_keeps_the_last_ratio_above():
     cal = IsotonicCalibrator().fit(PRED_S, ACTUAL_S)
-    assert cal.transform([1.5, 3.5, 0.0, 100.0]).tolist() == [1.75, 2.9375, 1.0, 3.375]
+    # last knot (7.0, 3.375): 100 s maps to 3.375 × 100 / 7, not to 3.375
+    assert cal.transform([1.5, 3.5, 0.0, 7.0, 100.0]).tolist() == [1.75, 2.9375, 1.0, 3.375, 48.214285714285715]
 
 
 def test_transform_preserves_shape():
@@ -34,14 +35,15 @@ def test_transform_preserves_shape():
     assert scalar.shape == () and float(scalar) == 1.75
 
 
-def test_transform_matches_sklearn_predict():
+def test_transform_matches_sklearn_predict_up_to_the_last_knot():
     rng = np.random.default_rng(0)
     pred = rng.lognormal(-1.0, 1.0, 500)
     actual = pred * rng.lognormal(0.2, 0.3, 500)
     cal = IsotonicCalibrator().fit(pred, actual)
     ref = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(pred, actual)
     probe = np.concatenate([[0.0, 100.0], rng.lognormal(-1.0, 1.5, 200)])
-    np.testing.assert_allclose(cal.transform(probe), ref.predict(probe), rtol=0, atol=1e-12)
+    inside = probe <= pred.max()
+    np.testing.assert_allclose(cal.transform(probe[inside]), ref.predict(probe[inside]), rtol=0, atol=1e-12)
     assert np.all(np.diff(cal.transform(np.sort(probe))) >= 0.0)
 
 
