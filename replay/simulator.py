@@ -177,8 +177,9 @@ class ClusterSimulator:
                     continue  # an empty wait cut short by an arrival
                 done = worker.finish_step(now)
                 log.complete(done)
-                for r in done:
+                for r in worker.first_tokens:
                     self.router.on_outcome(r.request_id, r.first_token_s - r.arrival_s, now)
+                worker.first_tokens.clear()
                 if self.online is not None and done:
                     self.online.observe(log.observed, now)
                 if progress is not None and done:

@@ -91,7 +91,10 @@ class SimWorker:
 
     ``start_step(now_s)`` begins a step and returns its end time (or None when
     idle); ``finish_step(now_s)`` applies it and returns the requests that
-    finished. Events for the directory accumulate in ``events`` as
+    finished. Requests whose first token came out in a step accumulate in
+    ``first_tokens`` until the caller drains them (a live router learns a TTFT
+    at the first streamed token, not when the request completes). Events for
+    the directory accumulate in ``events`` as
     ``(time_s, "stored" | "removed", hashes, parent_hash, tier)`` until the caller
     drains them.
     """
@@ -138,6 +141,7 @@ class SimWorker:
         self.measure_from_s = 0.0
         self._chunks: list[tuple[SimRequest, int]] = []
         self.events: list[tuple[float, str, list[int], int | None]] = []
+        self.first_tokens: list[SimRequest] = []
 
     # -- observation -----------------------------------------------------------
     @property
@@ -213,6 +217,7 @@ class SimWorker:
         heapq.heapify(twin._growth)  # finished requests' stale entries are left out
         twin._chunks = [(twins[id(r)], n) for r, n in self._chunks]
         twin.events = []
+        twin.first_tokens = []
         return twin
 
     def run_until_first_token(self, request: SimRequest, now_s: float) -> float:
@@ -477,6 +482,7 @@ class SimWorker:
         self.prefilling.remove(request)
         if not request.first_token_out:
             request.prefill_end_s = now_s
+            self.first_tokens.append(request)
         n_full = request.input_tokens // self.block_size_tokens
         chain = request.full_block_hashes[:n_full]
         if self.pool.register_prefill(request.allocation, chain, now_s):

@@ -110,7 +110,8 @@ class RouterPolicy:
 
     def on_outcome(self, request_id: int, ttft_s: float, now_s: float) -> None:
         """A request routed by this policy got its first token after ``ttft_s`` seconds, reported at
-        ``now_s`` (the replay reports it when the request completes). Default: nothing."""
+        ``now_s`` (the replay reports it at the end of the step that produced the first token, a live
+        gateway when the first token streams back). Default: nothing."""
 
     def fit_own_model(self, rows: pd.DataFrame) -> None:
         """Refit the policy's own model (``own_model`` policies) on the outcomes so far.

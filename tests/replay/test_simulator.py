@@ -14,7 +14,7 @@ from kvcost.replay.config import ClusterConfig
 from kvcost.replay.sim_request import SimRequest
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 from kvcost.replay.tiers import TierConfig
-from kvcost.routing.router import RouterSettings
+from kvcost.routing.router import Router, RouterSettings
 from tests.helpers import MS_PER_TOKEN_PROFILE, UNIT_MODEL
 
 BLOCK = 16
@@ -85,7 +85,8 @@ UNIT_GPU = GpuSpec(name="a100", memory_bytes=2**30, peak_dense_bf16_flops=4e6, h
 UNIT_PROFILE = MS_PER_TOKEN_PROFILE
 
 
-def test_exact_terms_with_a_hand_made_step_model(monkeypatch):
+@pytest.fixture
+def unit_steps(monkeypatch):
     """Step = 1 ms × tokens + 1 µs × prefill pairs + 10 µs × decode context + 1 ms (as in test_worker).
 
     The simulator's workers use the default costs: lookup 0.2 ms + 10 µs per full block, F = 2 ms.
@@ -103,6 +104,9 @@ def test_exact_terms_with_a_hand_made_step_model(monkeypatch):
         )
 
     monkeypatch.setattr(StepTimeModel, "for_hardware", classmethod(unit_for_hardware))
+
+
+def test_exact_terms_with_a_hand_made_step_model(unit_steps):
     trace = make_trace([(1.0, 45, 3, (1, 2, 3, 4, 5)), (5.0, 52, 1, (1, 2, 3, 7, 8, 9))], block_size_tokens=10)
     result = run(trace, token_budget=100, kv_capacity_blocks=100, sample_interval_s=10.0)
     req = result.requests
@@ -133,6 +137,16 @@ def test_exact_terms_with_a_hand_made_step_model(monkeypatch):
     assert result.candidates["request_id"].tolist() == [0, 1]
     assert result.candidates["chosen"].tolist() == [True, True]
     assert result.worker_samples["t_s"].tolist() == [0.0]  # the next sample (10 s) is after the last event
+
+
+def test_the_router_learns_a_ttft_at_the_first_token_not_at_completion(unit_steps, monkeypatch):
+    outcomes = []
+    monkeypatch.setattr(Router, "on_outcome", lambda self, rid, ttft_s, now_s: outcomes.append((rid, ttft_s, now_s)))
+    trace = make_trace([(1.0, 45, 3, (1, 2, 3, 4, 5))], block_size_tokens=10)
+    result = run(trace, token_budget=100, kv_capacity_blocks=100, sample_interval_s=10.0)
+    # the prefill step ends at 1 + 0.24 ms lookup + 47.035 ms; the request finishes 4.93 ms of decode later
+    assert outcomes == [(0, pytest.approx(0.049275, abs=1e-12), pytest.approx(1.047275, abs=1e-12))]
+    assert result.requests["e2e_s"].tolist() == pytest.approx([0.049275 + 0.00493], abs=1e-12)
 
 
 # -- TTFT composition and determinism on real profiles ---------------------------------------
