@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvcost.calibration.adaptive_conformal import AdaptiveConformalScale
+from kvcost.calibration.adaptive_conformal import AdaptiveConformalScale, ServedBounds
 from kvcost.core.composition import CalibratedTTFT, TermPredictions
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import (
@@ -45,11 +45,6 @@ routing, if the directory has not reported it stored by then. The predicted TTFT
 prompt blocks should all be stored (prefill ends at the first token); twice it leaves room for a
 queue the model underestimated and for the KV events' lag, while a prefix whose request was
 dropped or whose blocks were evicted before being reported stops counting soon after."""
-
-
-#: Served P90 bounds remembered for their outcome (:meth:`Router.on_outcome`); the oldest are
-#: forgotten beyond this (requests whose outcome never comes: rejected, or not observed).
-MAX_PENDING_BOUNDS = 1 << 20
 
 
 class NoCompatibleCandidate(ValueError):  # noqa: N818  (a ValueError, as the router raised before)
@@ -89,6 +84,12 @@ class RouterSettings:
             as its profile predicts); the service sets it (``ServiceSettings.in_flight_min_ttl_s``)
             because a live engine may run far slower than the profile of the model and GPU
             kvcost was told, and an entry is dropped anyway once the directory reports it stored.
+        overdue_bounds_are_misses: a routed request that has waited past its served P90 bound
+            with no outcome counts as a miss of the bounds' conformal factor at the next decision
+            (:class:`~kvcost.calibration.adaptive_conformal.ServedBounds`), not only when its first
+            token comes. Right where every routed request's outcome is reported (replays, the
+            gateway); the plain ``/v1/route`` API turns it off, since a client may never observe
+            some requests, and those would all count as misses.
     """
 
     policy: str = "cost_aware"
@@ -99,6 +100,7 @@ class RouterSettings:
     transfers: bool = False
     count_in_flight: bool = True
     in_flight_min_ttl_s: float = 0.0
+    overdue_bounds_are_misses: bool = True
 
     def __post_init__(self) -> None:
         if not self.in_flight_min_ttl_s >= 0:
@@ -211,7 +213,10 @@ class Router:
     Served P90 bounds adapt online: when the cost model is learned, every candidate's
     calibrated P90 is multiplied by an adaptive conformal factor
     (:class:`~kvcost.calibration.adaptive_conformal.AdaptiveConformalScale`, target 90 %),
-    updated by :meth:`on_outcome` against the bound served for that request. Split-conformal
+    updated by :meth:`on_outcome` with each request's TTFT against its calibrated P90 (before the
+    factor) times the current factor (quantile tracking; why not the served bound: the class's
+    docstring), or counted as a miss as soon as a routed request has waited past that bound
+    (:class:`~kvcost.calibration.adaptive_conformal.ServedBounds`). Split-conformal
     bounds fitted once drift with the load (kvcost issue 13 §4: a champion's 90 % bound covered
     81.7 % on the next 1,700 s of the bundled trace). P50 is unchanged; the policies rank by the
     composed TTFT of the terms.
@@ -242,7 +247,7 @@ class Router:
         self.in_flight: InFlightPrefixes | None = own if counts else None
         self._clears_seen: dict[int, int] = {}  # the directory's clears per worker when last routed
         self.interval = AdaptiveConformalScale() if reads_from is None else reads_from.interval
-        self._served_p90_s: OrderedDict[int, float] = OrderedDict()
+        self.served_bounds = ServedBounds(self.interval)
         self._records = reads_from is None  # in-flight prefixes and served bounds of what it routes
 
     def set_cost_model(self, cost_model: TermModelSet | None) -> None:
@@ -277,7 +282,10 @@ class Router:
         reusable, features, predictions, calibrated, plans, local_score, load = self._score(
             request, snapshots, matches, options
         )
+        base_p90_s = calibrated.p90_s if calibrated is not None else None
         if calibrated is not None:
+            if self._records and self.settings.overdue_bounds_are_misses:
+                self.served_bounds.expire(now_s)
             calibrated = CalibratedTTFT(calibrated.p50_s, calibrated.p90_s * self.interval.factor)
         ctx = PolicyContext(
             request=request,
@@ -298,7 +306,7 @@ class Router:
         self.policy.on_routed(ctx, index)
         self._record(worker_ids[index], request.input_tokens)
         if calibrated is not None and self._records:
-            self._remember_bound(request.request_id, float(calibrated.p90_s[index]))
+            self.served_bounds.add(request.request_id, float(base_p90_s[index]), now_s)
         if self.in_flight is not None and self._records:
             ttl_s = max(self.settings.in_flight_min_ttl_s, IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index]))
             expires_s = now_s + ttl_s
@@ -322,14 +330,7 @@ class Router:
         """A routed request's first token came ``ttft_s`` seconds after its arrival: update the policy
         (:meth:`RouterPolicy.on_outcome`) and the served bounds' conformal factor (when a bound was served)."""
         self.policy.on_outcome(request_id, ttft_s, now_s)
-        bound_s = self._served_p90_s.pop(request_id, None)
-        if bound_s is not None:
-            self.interval.update(bound_s, ttft_s)
-
-    def _remember_bound(self, request_id: int, bound_s: float) -> None:
-        self._served_p90_s[request_id] = bound_s
-        if len(self._served_p90_s) > MAX_PENDING_BOUNDS:
-            self._served_p90_s.popitem(last=False)
+        self.served_bounds.resolve(request_id, ttft_s)
 
     # -- candidates, directory and options --------------------------------------------------------
 

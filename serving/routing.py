@@ -129,7 +129,10 @@ class Routing:
         # analytic until the champion loads; the service reports any fallback itself (log, metric, /readyz)
         analytic = TermModelSet.analytic()
         routing = RouterSettings(
-            policy=settings.policy, tiers=settings.tiers, in_flight_min_ttl_s=settings.in_flight_min_ttl_s
+            policy=settings.policy,
+            tiers=settings.tiers,
+            in_flight_min_ttl_s=settings.in_flight_min_ttl_s,
+            overdue_bounds_are_misses=bool(settings.engines),  # the gateway observes every request it routes
         )
         self.router = Router(directory, self.step_models, routing, analytic)
         # Scores come from a second router over the same directory and cost model with the

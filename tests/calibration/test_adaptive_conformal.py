@@ -1,10 +1,10 @@
-"""Tests for kvcost.calibration.adaptive_conformal (the ACI offset and the log-space ACI scale)."""
+"""Tests for kvcost.calibration.adaptive_conformal (the ACI offset, the log-space ACI scale, the served bounds)."""
 
 import math
 
 import pytest
 
-from kvcost.calibration.adaptive_conformal import AdaptiveConformalOffset, AdaptiveConformalScale
+from kvcost.calibration.adaptive_conformal import AdaptiveConformalOffset, AdaptiveConformalScale, ServedBounds
 
 
 def test_offset_update_on_a_hand_computed_sequence():
@@ -50,3 +50,46 @@ def test_scale_bad_parameters_are_refused():
         AdaptiveConformalScale(target_miss_rate=0.0)
     with pytest.raises(ValueError, match=r"^step = -1, expected a number > 0$"):
         AdaptiveConformalScale(step=-1)
+
+
+def test_scale_scores_a_late_outcome_against_the_current_factor():
+    aci = AdaptiveConformalScale(target_miss_rate=0.1, step=0.5)
+    # two outcomes of bounds served at factor 1 (base 1 s, 1.5 s observed each)
+    assert aci.update(1.0, 1.5) is True  # θ = 0.45: the factor is now e^0.45 = 1.568
+    assert aci.update(1.0, 1.5) is False  # 1.5 s is within 1.568 s: a hit, θ = 0.45 − 0.05
+    assert aci.log_scale == pytest.approx(0.4)
+
+
+def test_served_bounds_resolve_each_request_once():
+    bounds = ServedBounds(AdaptiveConformalScale(step=0.5))
+    bounds.add(1, 1.0, 0.0)
+    assert bounds.resolve(7, 1.0) is None  # never served
+    assert bounds.resolve(1, 1.5) is True
+    assert bounds.resolve(1, 1.5) is None
+    assert (len(bounds), bounds.scale.updates) == (0, 1)
+
+
+def test_a_request_past_its_bound_is_a_miss_before_its_first_token():
+    bounds = ServedBounds(AdaptiveConformalScale(step=0.5))
+    bounds.add(1, 1.0, 0.0)
+    bounds.add(2, 4.0, 0.0)
+    assert bounds.expire(0.5) == 0
+    assert bounds.expire(1.5) == 1  # request 1 has waited 1.5 s > 1 s: θ = 0.45
+    assert bounds.scale.log_scale == pytest.approx(0.45) and len(bounds) == 1
+    assert bounds.resolve(1, 2.0) is None  # already counted
+    # request 2 was keyed at 4 s; at 4.5 s its bound is 4 × e^0.45 = 6.27 s: re-keyed, not a miss
+    assert bounds.expire(4.5) == 0 and len(bounds) == 1
+    assert bounds.expire(6.5) == 1 and len(bounds) == 0
+    assert bounds.scale.log_scale == pytest.approx(0.9)
+
+
+def test_served_bounds_keep_no_unbounded_request_and_forget_the_oldest():
+    bounds = ServedBounds(AdaptiveConformalScale(), max_pending=1)
+    bounds.add(1, math.nan, 0.0)
+    bounds.add(2, math.inf, 0.0)
+    assert len(bounds) == 0 and bounds.expire(1e9) == 0
+    bounds.add(3, 1.0, 0.0)
+    bounds.add(4, 1.0, 0.0)
+    assert len(bounds) == 1 and bounds.resolve(3, 0.5) is None and bounds.resolve(4, 0.5) is False
+    with pytest.raises(ValueError, match=r"^max_pending = 0, expected an integer ≥ 1$"):
+        ServedBounds(AdaptiveConformalScale(), max_pending=0)

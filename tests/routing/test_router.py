@@ -415,6 +415,17 @@ def test_served_p90_bounds_adapt_to_outcomes(make_router, make_snapshot):
     assert second.calibrated.p50_s.tolist() == [0.1, 0.2] and router.interval.updates == 1
 
 
+def test_a_routed_request_past_its_bound_moves_the_factor_at_the_next_decision(make_router, make_snapshot):
+    router = make_router(policy="learned_cost_aware")
+    router.cost_model = LearnedFixedCostModel(queue_s=[0.1, 0.2], prefill_s=[0.0, 0.0])
+    snaps = [make_snapshot(0), make_snapshot(1)]
+    router.route(request(100, [], 1), snaps, 0.0)  # served 0.2 s on worker 0
+    second = router.route(request(100, [], 2), snaps, 1.0)  # request 1 has waited 1 s with no first token
+    assert second.calibrated.p90_s.tolist() == pytest.approx([0.2 * math.exp(0.045), 0.4 * math.exp(0.045)])
+    router.on_outcome(1, ttft_s=1.2, now_s=1.2)  # counted already
+    assert router.interval.updates == 1
+
+
 def test_in_flight_entry_leaves_once_the_directory_reports_it_stored(make_router, make_snapshot):
     directory = CacheDirectory()
     router = make_router(directory, count_in_flight=True)
