@@ -141,6 +141,7 @@ def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candid
             block_size,
             costs.expected_decode_tokens,
             s.queued_prefill_tokens,
+            s.kv_usage * s.kv_capacity_blocks if s.kv_capacity_blocks > 0 else None,
         )
         lookup_s = costs.lookup_s(blocks) + costs.load_s(load, disk, s.load_backlog_s)
         transfer_s = costs.transfer_s(fetched, s.transfer_backlog_s)

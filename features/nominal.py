@@ -96,34 +96,53 @@ def kv_wait_s(
     block_size_tokens: int,
     expected_decode_tokens: int,
     queued_prefill_tokens: int,
+    held_blocks: float | None = None,
 ) -> float:
     """Expected wait for KV memory beyond the compute queue, seconds (≥ 0): the KV-wait estimate.
 
     A request is admitted once the blocks of the requests ahead of it and its own new blocks fit
     in the blocks not held by running requests (free, or idle cached: evictable). ``deficit_blocks``
-    is what is missing now. Only finishing decoders release blocks, one output token per step each.
-    Each of the ``running_requests`` decoders holds ``decode_context_tokens / running_requests /
-    block_size_tokens`` blocks, so ``k = ceil(deficit / that)`` of them must finish. Their remaining
-    outputs are taken as independent exponentials of mean ``expected_decode_tokens`` steps (output
-    lengths are unknown to a router; the exponential is the maximum-entropy law of a given mean, and
-    memoryless, so the decoders' progress so far does not change it): the ``k``-th of ``n`` finishes
-    after ``mean × (1/n + 1/(n − 1) + … + 1/(n − k + 1))`` steps in expectation (order statistics
-    of exponentials); past ``k = n`` the release goes on at ``n / mean`` decoders a step. The first
-    ``ceil(queued_prefill_tokens / (token_budget − running))`` of those steps are the compute queue's
-    own (chunked prefill, :func:`queue_and_prefill_s`), which the request waits out anyway; the
-    wait for memory is the steps beyond them, each a decode-only step of the batch
-    (``step_model.step_s``). With nothing decoding, the holders are prefilling: the wait is one mean
-    decode lifetime of single-token steps.
+    is what is missing now; the requests ahead are admitted as memory frees, so the wait of the
+    last of them is the time for the whole deficit to be freed (the queue behind a memory-bound
+    head waits for memory too, whether or not it is at the head).
+
+    Memory is freed as decoders finish, net of what the decoders take meanwhile:
+
+    * **released**: a decoder that finishes releases its share of the blocks the running requests
+      hold, ``held_blocks / n`` (physical blocks: a prefix shared by many decoders is held once, and
+      is not freed by one of them finishing, so counting each decoder's whole context,
+      ``decode_context_tokens / n``, overstates the release wherever prompts share a prefix).
+    * **taken**: each decoder writes one token a step and opens a new block every
+      ``block_size_tokens`` steps (vLLM allocates as tokens are generated, and a running request's
+      growth comes before admitting a waiting one). Decoders finish at ``n / mean`` a step while
+      they open ``n / block_size_tokens`` blocks a step, so each finish comes with
+      ``mean / block_size_tokens`` blocks taken.
+
+    So ``k = ceil(deficit / (held / n − mean / block_size_tokens))`` decoders must finish. Their
+    remaining outputs are taken as independent exponentials of mean ``expected_decode_tokens``
+    steps (output lengths are unknown to a router; the exponential is the maximum-entropy law of a
+    given mean, and memoryless, so the decoders' progress so far does not change it): the ``k``-th
+    of ``n`` finishes after ``mean × (1/n + 1/(n − 1) + … + 1/(n − k + 1))`` steps in expectation
+    (order statistics of exponentials). When ``k ≥ n``, or a finish frees no more than is taken
+    meanwhile, the wait is the whole batch's drain, ``mean × (1 + 1/2 + … + 1/n)`` steps. The first
+    ``ceil(queued_prefill_tokens / (token_budget − n))`` of those steps are the compute queue's own
+    (chunked prefill, :func:`queue_and_prefill_s`), which the request waits out anyway; the wait for
+    memory is the steps beyond them, each a decode-only step of the batch (``step_model.step_s``).
+    With nothing decoding, the holders are prefilling: the wait is one mean decode lifetime of
+    single-token steps.
 
     Counting steps rather than seconds matters: a step full of prefill chunks takes 20-40 times a
-    decode-only step, and decoders advance one token per step whatever its length. (The estimate
-    it replaces multiplied the steps by the last step's time and was off by two orders of magnitude,
-    correlation 0.15 with the replay's truth.)
+    decode-only step, and decoders advance one token per step whatever its length.
 
-    Why it should hold on other workloads: nothing in it is fitted; the deficit, the decode batch
-    and the queue are read from each snapshot and the step times from the GPU type's profile. The
-    mean remaining output is the one stated assumption (``NominalCosts.expected_decode_tokens``).
-    It ignores the blocks decoders add as they run (one per ``block_size_tokens`` steps each).
+    Measured (kvcost issue 13; ``docs/routing-unseen-workloads.md``): on the shared-prefix workload
+    at 4 workers, 733 decoders sharing one system prompt held 880 blocks of 512 tokens; 64 queued
+    requests needed 64 blocks and were admitted over 50 steps (11 s), while counting each decoder's
+    whole context as released predicted 0.6 s. The release and growth terms are what it missed.
+
+    Why it should hold on other workloads: nothing in it is fitted; the deficit, the held blocks,
+    the decode batch and the queue are read from each snapshot and the step times from the GPU
+    type's profile. The mean remaining output is the one stated assumption
+    (``NominalCosts.expected_decode_tokens``).
 
     Args:
         step_model: the worker's GPU type nominal step-time model.
@@ -132,6 +151,8 @@ def kv_wait_s(
         block_size_tokens: tokens per block, ≥ 1.
         expected_decode_tokens: mean remaining output tokens of a decoding request, ≥ 0.
         queued_prefill_tokens: prefill tokens queued ahead of this request, ≥ 0.
+        held_blocks: physical blocks held by the running requests (``kv_usage × capacity``);
+            None = ``decode_context_tokens / block_size_tokens`` (no sharing known).
     """
     if deficit_blocks <= 0:
         return 0.0
@@ -139,10 +160,10 @@ def kv_wait_s(
     n = running_requests
     if n <= 0 or decode_context_tokens <= 0:
         return mean_steps * step_model.step_s(1, 0.0, 0)
-    k = math.ceil(deficit_blocks * block_size_tokens * n / decode_context_tokens)
+    held = decode_context_tokens / block_size_tokens if held_blocks is None else float(held_blocks)
+    freed_per_finish = held / n - mean_steps / block_size_tokens
+    k = math.ceil(deficit_blocks / freed_per_finish) if freed_per_finish > 0 else n
     steps = mean_steps * (_harmonic(n) - _harmonic(max(0, n - k)))
-    if k > n:
-        steps += mean_steps * (k - n) / n
     queue_steps = math.ceil(queued_prefill_tokens / max(1, step_model.token_budget - n))
     return max(0.0, steps - queue_steps) * step_model.step_s(n, 0.0, decode_context_tokens)
 

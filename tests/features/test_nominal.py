@@ -92,21 +92,34 @@ def test_nominal_costs():
     assert NominalCosts(lookup_base_s=0.0, lookup_per_block_s=1e-3).lookup_s(4) == pytest.approx(4e-3)
 
 
+# 2 decoders of 256 context tokens (16 blocks of 16 tokens between them); a decode-only step:
+# 2 tokens × 1 µs + 1 ms + 256 context × 1 µs
+DECODE_STEP_S = 0.001258
+
+
 @pytest.mark.parametrize(
-    ("deficit_blocks", "queued_tokens", "steps"),
+    ("deficit_blocks", "queued_tokens", "mean_tokens", "held_blocks", "steps"),
     [
-        (0, 0, 0),  # the request fits now
-        (4, 0, 100 / 2),  # one of the 2 decoders (8 blocks each) must finish: 100 × 1/2 steps
-        (9, 0, 100 * (1 / 2 + 1)),  # both must finish
-        (9, 8190 * 3, 100 * (1 / 2 + 1) - 3),  # 3 of those steps are the queue's own chunks
-        (17, 0, 100 * (1 / 2 + 1) + 100 * 1 / 2),  # a third decoder's worth: at 2 per 100 steps after both
+        (0, 0, 100, None, 0),  # the request fits now
+        # mean 16: a finish frees 8 blocks while the decoders open 16 / 16 = 1 meanwhile: 7 net
+        (7, 0, 16, None, 16 / 2),  # one of the 2 decoders must finish: 16 × 1/2 steps
+        (8, 0, 16, None, 16 * (1 / 2 + 1)),  # both must finish
+        (8, 8190 * 3, 16, None, 16 * (1 / 2 + 1) - 3),  # 3 of those steps are the queue's own chunks
+        (99, 0, 16, None, 16 * (1 / 2 + 1)),  # more than all: the batch's drain
+        # a shared prefix: 6 physical blocks held, 3 a decoder, 2 net of the 1 opened per finish
+        (2, 0, 16, 6, 16 / 2),
+        (3, 0, 16, 6, 16 * (1 / 2 + 1)),
+        # mean 100: a finish frees 8 blocks while 100 / 16 = 6.25 are opened: 1.75 net
+        (1, 0, 100, None, 100 / 2),
+        (2, 0, 100, None, 100 * (1 / 2 + 1)),
+        (1, 0, 100, 10, 100 * (1 / 2 + 1)),  # 5 freed, 6.25 opened: only the drain frees memory
     ],
 )
-def test_kv_wait_two_decoders_by_hand(linear_step_model, deficit_blocks, queued_tokens, steps):
-    # 2 decoders, 8 blocks of 16 tokens each (256 context tokens), mean 100 remaining tokens; a decode-only
-    # step: 2 tokens × 1 µs + 1 ms + 256 context × 1 µs
-    got = kv_wait_s(linear_step_model, deficit_blocks, 2, 256, 16, 100, queued_tokens)
-    assert got == pytest.approx(steps * 0.001258, abs=1e-12)
+def test_kv_wait_two_decoders_by_hand(
+    linear_step_model, deficit_blocks, queued_tokens, mean_tokens, held_blocks, steps
+):  # noqa: E501
+    got = kv_wait_s(linear_step_model, deficit_blocks, 2, 256, 16, mean_tokens, queued_tokens, held_blocks)
+    assert got == pytest.approx(steps * DECODE_STEP_S, abs=1e-12)
 
 
 def test_kv_wait_with_nothing_decoding_is_one_mean_decode_lifetime(linear_step_model):
@@ -116,7 +129,7 @@ def test_kv_wait_with_nothing_decoding_is_one_mean_decode_lifetime(linear_step_m
 
 def test_kv_wait_is_finite_and_fast_for_any_claimed_batch(linear_step_model):
     # 10⁹ decoders of 62.5 blocks, all of which must finish: 100 × H(10⁹) steps, the harmonic number in
-    # its asymptotic form (no billion-term loop)
+    # its asymptotic form (no billion-term loop); 62.5 blocks freed and 6.25 opened per finish
     harmonic = math.log(10**9) + 0.5772156649015329 + 5e-10
     step_s = linear_step_model.step_s(10**9, 0.0, 10**12)
     got = kv_wait_s(linear_step_model, 62.5e9, 10**9, 10**12, 16, 100, 0)
