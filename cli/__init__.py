@@ -18,6 +18,7 @@ from __future__ import annotations
 import typer
 
 from kvcost.cli.bench import bench
+from kvcost.cli.cost import cost
 from kvcost.cli.eviction_study import eviction_study
 from kvcost.cli.experiment import experiment
 from kvcost.cli.models import models_app
@@ -37,5 +38,6 @@ app.command()(retrain)
 app.add_typer(models_app, name="models")
 app.command()(serve)
 app.command()(workload)
+app.command()(cost)
 
 __all__ = ["app"]

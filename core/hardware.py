@@ -7,7 +7,12 @@
 
 - **Non-attention operators** (norms, QKV/O projections, RoPE, MLP, residual adds,
   embedding) come from Microsoft Vidur's measured profiles
-  (:mod:`kvcost.core.profiles`), linearly interpolated in the batch token count.
+  (:mod:`kvcost.core.profiles`), linearly interpolated in the batch token count, used
+  within their measured range only. Past the last measured point, and for a model or GPU
+  without measurements, they come from the roofline of :mod:`kvcost.core.roofline`
+  (efficiencies fitted on those profiles), joined continuously: beyond the last point
+  ``measured_last × roofline(n) / roofline(last)``. With tensor parallelism, one GPU's
+  shard (Vidur's rows of that degree where measured) plus two all-reduces per layer.
 - **Attention** is not in those profiles and is modelled: prefill attention is
   compute-bound (causal FLOPs over cached + new tokens at a fraction of peak
   tensor-core throughput); decode attention is memory-bound (each decoding request
@@ -17,7 +22,9 @@ Defaults and their sources (all module-level constants, units in names):
 
 - :data:`DEFAULT_ATTENTION_FLOPS_EFFICIENCY` = 0.5 — FlashAttention-2 (Dao, 2023,
   arXiv:2307.08691) reaches 50–73 % of A100 peak in the forward pass; 0.5 is the low
-  end, since serving batches mix short chunks and causal masking.
+  end, since serving batches mix short chunks and causal masking. On another GPU the
+  attention kernels are taken to reach the same share of what its GEMMs reach as on
+  the A100: 0.5 × (its fitted MFU ÷ the A100's), 0.47 on an H100.
 - :data:`DEFAULT_DECODE_BANDWIDTH_EFFICIENCY` = 0.7 — assumption: fraction of peak HBM
   bandwidth a paged decode-attention kernel achieves.
 - :data:`DEFAULT_STEP_OVERHEAD_S` = 0.004 — assumption: per-step CPU scheduling,
@@ -26,38 +33,31 @@ Defaults and their sources (all module-level constants, units in names):
   workspace memory held back from the KV cache at an 8192-token budget.
 - :data:`DEFAULT_GPU_MEMORY_UTILIZATION` = 0.9 — vLLM's default
   ``gpu_memory_utilization`` (vllm/engine/arg_utils.py).
-- GPU figures: NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM: BF16 312 TFLOPS
-  dense, 2,039 GB/s HBM2e); NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: BF16
-  1,979 TFLOPS with sparsity = 989 TFLOPS dense, 3.35 TB/s HBM3).
-- Model figures: Hugging Face ``config.json`` of meta-llama/Meta-Llama-3-8B
-  (32 layers, 32 heads, 8 KV heads, hidden 4096, bfloat16; 8.03 B parameters) and
-  meta-llama/Llama-2-7b-hf (32 layers, 32 heads, 32 KV heads, hidden 4096; 6.74 B
-  parameters; stored as float16, also 2 bytes — served in bf16 here).
+- GPU and model figures: :mod:`kvcost.core.specs` (datasheets; ``config.json`` files).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from kvcost.core.profiles import OperatorProfile, load_vidur_profile
-from kvcost.core.registry import Registry
-
-GIB_BYTES = 2**30
-"""Bytes in one GiB."""
-
-BF16_BYTES = 2
-"""Bytes per bf16 (or fp16) element."""
-
-FLOPS_PER_MAC = 2
-"""One multiply-accumulate counts as two floating-point operations."""
+from kvcost.core.roofline import FITTED_ROOFLINES, fitted_gpu, roofline_s, step_allreduce_s
+from kvcost.core.specs import (  # noqa: F401  (re-exported: the specs' historical home)
+    BF16_BYTES,
+    FLOPS_PER_MAC,
+    GIB_BYTES,
+    GPUS,
+    MODELS,
+    GpuSpec,
+    ModelSpec,
+    resolve_model,
+)
 
 DEFAULT_TOKEN_BUDGET = 8192
 """Default max tokens per step (chunked-prefill budget)."""
 
 DEFAULT_ATTENTION_FLOPS_EFFICIENCY = 0.5
-"""Fraction of peak dense bf16 FLOP/s reached by prefill attention (FlashAttention-2 paper)."""
+"""Fraction of peak dense bf16 FLOP/s reached by prefill attention on an A100 (FlashAttention-2 paper)."""
 
 DEFAULT_DECODE_BANDWIDTH_EFFICIENCY = 0.7
 """Fraction of peak HBM bandwidth reached by decode attention (assumption)."""
@@ -72,96 +72,14 @@ DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * GIB_BYTES
 """Memory held back for activations and workspace (assumption)."""
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """Shape of a decoder-only transformer, as in its Hugging Face ``config.json``.
+def default_attention_efficiency(gpu: GpuSpec) -> float:
+    """Default prefill-attention efficiency on ``gpu``: 0.5 × its fitted MFU ÷ the A100's (module
+    docstring); 0.5 for a GPU with no fitted roofline (a hand-made test GPU)."""
+    try:
+        return DEFAULT_ATTENTION_FLOPS_EFFICIENCY * FITTED_ROOFLINES[fitted_gpu(gpu)].mfu / FITTED_ROOFLINES["a100"].mfu
+    except KeyError:
+        return DEFAULT_ATTENTION_FLOPS_EFFICIENCY
 
-    ``profile_dir`` is the model's folder name in Vidur's profile tree.
-    """
-
-    name: str
-    num_layers: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    num_params: float
-    dtype_bytes: int
-    profile_dir: str
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes per token (docs/architecture.md §7).
-
-        2 (K and V) × num_layers × num_kv_heads × head_dim × dtype_bytes.
-        """
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def weight_bytes(self) -> float:
-        """Bytes of the weights: parameters × dtype bytes."""
-        return self.num_params * self.dtype_bytes
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    """One GPU's capacity figures (``name`` is also its folder in Vidur's profile tree)."""
-
-    name: str
-    memory_bytes: int
-    peak_dense_bf16_flops: float
-    hbm_bytes_per_s: float
-
-
-MODELS: Registry[ModelSpec] = Registry("model")
-MODELS.add(
-    "llama-3-8b",
-    ModelSpec(
-        name="llama-3-8b",
-        num_layers=32,
-        num_q_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        hidden_size=4096,
-        num_params=8.03e9,
-        dtype_bytes=BF16_BYTES,
-        profile_dir="Meta-Llama-3-8B",
-    ),
-)
-MODELS.add(
-    "llama-2-7b",
-    ModelSpec(
-        name="llama-2-7b",
-        num_layers=32,
-        num_q_heads=32,
-        num_kv_heads=32,
-        head_dim=128,
-        hidden_size=4096,
-        num_params=6.74e9,
-        dtype_bytes=BF16_BYTES,
-        profile_dir="Llama-2-7b-hf",
-    ),
-)
-
-GPUS: Registry[GpuSpec] = Registry("gpu")
-GPUS.add(
-    "a100",
-    GpuSpec(  # A100-SXM4-80GB
-        name="a100",
-        memory_bytes=80 * GIB_BYTES,
-        peak_dense_bf16_flops=312e12,
-        hbm_bytes_per_s=2.039e12,
-    ),
-)
-GPUS.add(
-    "h100",
-    GpuSpec(  # H100-SXM5-80GB
-        name="h100",
-        memory_bytes=80 * GIB_BYTES,
-        peak_dense_bf16_flops=989e12,
-        hbm_bytes_per_s=3.35e12,
-    ),
-)
 
 DERIVED_PROFILES: dict[tuple[str, str], tuple[str, str]] = {
     ("h100", "Meta-Llama-3-8B"): ("a100", "Llama-2-7b-hf"),
@@ -204,21 +122,22 @@ def derived_profile(
     )
 
 
-def profile_for(model: ModelSpec, gpu: GpuSpec) -> OperatorProfile:
-    """Load the bundled profile of ``model`` on ``gpu``, deriving it per :data:`DERIVED_PROFILES`.
-
-    Raises:
-        KeyError: neither a bundled nor a derivable profile exists.
-    """
+def profile_for(model: ModelSpec, gpu: GpuSpec, tp: int = 1) -> OperatorProfile | None:
+    """The bundled profile of ``model`` on ``gpu`` at tensor-parallel degree ``tp``, derived per
+    :data:`DERIVED_PROFILES` (degree 1), or None where nothing is measured (the roofline then
+    gives every point)."""
     key = (gpu.name, model.profile_dir)
-    if key not in DERIVED_PROFILES:
-        return load_vidur_profile(gpu.name, model.profile_dir)
-    base_gpu, reference_dir = DERIVED_PROFILES[key]
-    return derived_profile(
-        load_vidur_profile(base_gpu, model.profile_dir),
-        load_vidur_profile(base_gpu, reference_dir),
-        load_vidur_profile(gpu.name, reference_dir),
-    )
+    try:
+        if key in DERIVED_PROFILES and tp == 1:
+            base_gpu, reference_dir = DERIVED_PROFILES[key]
+            return derived_profile(
+                load_vidur_profile(base_gpu, model.profile_dir),
+                load_vidur_profile(base_gpu, reference_dir),
+                load_vidur_profile(gpu.name, reference_dir),
+            )
+        return load_vidur_profile(gpu.name, model.profile_dir, tp) if model.profile_dir else None
+    except KeyError:
+        return None
 
 
 def _require(ok: bool, field: str, value: object, expectation: str) -> None:
@@ -238,9 +157,13 @@ class StepTimeModel:
 
     Args:
         model, gpu: specifications.
-        profile: non-attention operator profile of ``model`` on ``gpu``.
+        profile: measured non-attention operator profile of ``model`` on ``gpu`` (one GPU's shard at
+            ``tp``), or None: the roofline of :mod:`kvcost.core.roofline` at every point.
+        tp: tensor-parallel degree (≥ 1, dividing the attention heads): a step's GEMMs, attention
+            and KV are split over ``tp`` GPUs, and two all-reduces per layer join them.
         token_budget: max tokens per step (chunk size of :meth:`prefill_alone_s`), ≥ 1.
-        attention_flops_efficiency: fraction of peak bf16 FLOP/s for prefill attention, (0, 1].
+        attention_flops_efficiency: fraction of peak bf16 FLOP/s for prefill attention, (0, 1];
+            None = :func:`default_attention_efficiency` of the GPU.
         decode_bandwidth_efficiency: fraction of peak HBM bandwidth for decode attention, (0, 1].
         step_overhead_s: fixed seconds added to every step, ≥ 0.
     """
@@ -249,10 +172,11 @@ class StepTimeModel:
         self,
         model: ModelSpec,
         gpu: GpuSpec,
-        profile: OperatorProfile,
+        profile: OperatorProfile | None,
         *,
+        tp: int = 1,
         token_budget: int = DEFAULT_TOKEN_BUDGET,
-        attention_flops_efficiency: float = DEFAULT_ATTENTION_FLOPS_EFFICIENCY,
+        attention_flops_efficiency: float | None = None,
         decode_bandwidth_efficiency: float = DEFAULT_DECODE_BANDWIDTH_EFFICIENCY,
         step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
     ) -> None:
@@ -263,7 +187,7 @@ class StepTimeModel:
             "an integer >= 1",
         )
         _require(
-            0 < attention_flops_efficiency <= 1,
+            attention_flops_efficiency is None or 0 < attention_flops_efficiency <= 1,
             "attention_flops_efficiency",
             attention_flops_efficiency,
             "a value in (0, 1]",
@@ -275,25 +199,40 @@ class StepTimeModel:
             "a value in (0, 1]",
         )
         _require(step_overhead_s >= 0, "step_overhead_s", step_overhead_s, "a value >= 0")
-        self.model, self.gpu, self.profile = model, gpu, profile
+        _require(
+            isinstance(tp, int) and tp >= 1 and model.num_q_heads % tp == 0,
+            "tp",
+            tp,
+            f"an integer >= 1 dividing the {model.num_q_heads} attention heads",
+        )
+        if attention_flops_efficiency is None:
+            attention_flops_efficiency = default_attention_efficiency(gpu)
+        self.model, self.gpu, self.profile, self.tp = model, gpu, profile, tp
         self.token_budget = int(token_budget)
         self.attention_flops_efficiency = attention_flops_efficiency
         self.decode_bandwidth_efficiency = decode_bandwidth_efficiency
         self.step_overhead_s = step_overhead_s
-        self._points_tokens = profile.num_tokens.astype(np.float64)
-        self._points_s = profile.per_layer_s * model.num_layers + profile.once_s
         self._table_s: list[float] = self._interpolate_s(np.arange(token_budget + 1)).tolist()
         self._attention_flops_per_s = gpu.peak_dense_bf16_flops * attention_flops_efficiency
-        self._decode_s_per_context_token = model.kv_bytes_per_token / (
+        self._decode_s_per_context_token = self.kv_bytes_per_token_per_gpu / (
             gpu.hbm_bytes_per_s * decode_bandwidth_efficiency
         )
-        self._attention_flops_per_token_pair = 2 * FLOPS_PER_MAC * model.num_layers * model.num_q_heads * model.head_dim
+        heads_per_gpu = model.num_q_heads // tp
+        self._attention_flops_per_token_pair = 2 * FLOPS_PER_MAC * model.num_layers * heads_per_gpu * model.head_dim
+
+    @property
+    def kv_bytes_per_token_per_gpu(self) -> int:
+        """KV bytes one GPU of the group holds per token: its ``ceil(kv_heads / tp)`` KV heads (a
+        KV head is replicated when there are fewer KV heads than GPUs, as vLLM does)."""
+        kv_heads = -(-self.model.num_kv_heads // self.tp)
+        return 2 * self.model.num_layers * kv_heads * self.model.head_dim * self.model.dtype_bytes
 
     @classmethod
-    def for_hardware(cls, model_name: str, gpu_name: str, **settings) -> StepTimeModel:
-        """Build from registry names (``MODELS``, ``GPUS``), loading the bundled profile."""
-        model, gpu = MODELS.get(model_name), GPUS.get(gpu_name)
-        return cls(model, gpu, profile_for(model, gpu), **settings)
+    def for_hardware(cls, model_name: str, gpu_name: str, tp: int = 1, **settings) -> StepTimeModel:
+        """Build from a model name or ``config.json`` path (:func:`~kvcost.core.specs.resolve_model`)
+        and a GPU name (``GPUS``), loading the bundled profile where one is measured."""
+        model, gpu = resolve_model(model_name), GPUS.get(gpu_name)
+        return cls(model, gpu, profile_for(model, gpu, tp), tp=tp, **settings)
 
     def __repr__(self) -> str:
         return (
@@ -302,17 +241,25 @@ class StepTimeModel:
         )
 
     def _interpolate_s(self, tokens: np.ndarray) -> np.ndarray:
-        """Non-attention seconds at ``tokens`` (array): interpolate, extrapolate past the end.
+        """Non-attention seconds at ``tokens`` (array), all-reduces included.
 
-        Below the first measured point the first point's time is used (launch-bound);
+        Measured points are interpolated linearly; below the first one its time is used
+        (launch-bound); past the last one, the roofline scaled to meet it there
+        (``measured_last × roofline(n) / roofline(last)``); without a profile, the roofline.
         0 tokens cost 0.
         """
-        xp, yp = self._points_tokens, self._points_s
         x = np.asarray(tokens, dtype=np.float64)
-        result = np.interp(x, xp, yp)
-        beyond = x > xp[-1]
-        slope = (yp[-1] - yp[-2]) / (xp[-1] - xp[-2])
-        result[beyond] = yp[-1] + slope * (x[beyond] - xp[-1])
+        if self.profile is None:
+            result = roofline_s(self.model, self.gpu, np.maximum(x, 1.0), self.tp)
+        else:
+            xp = self.profile.num_tokens.astype(np.float64)
+            yp = self.profile.total_s(self.model.num_layers)
+            result = np.interp(x, xp, yp)
+            beyond = x > xp[-1]
+            if beyond.any():
+                roof = roofline_s(self.model, self.gpu, np.append(x[beyond], xp[-1]), self.tp)
+                result[beyond] = yp[-1] * roof[:-1] / roof[-1]
+        result = result + step_allreduce_s(self.model, self.gpu, x, self.tp)
         result[x <= 0] = 0.0
         return result
 
@@ -320,7 +267,8 @@ class StepTimeModel:
         """Seconds of all non-attention operators for a step of ``num_tokens`` batch tokens.
 
         per_layer_s(num_tokens) × num_layers + once_s(num_tokens), linearly interpolated
-        between measured points and extrapolated from the last two beyond them.
+        between measured points, the roofline beyond them (:meth:`_interpolate_s`), plus the
+        all-reduces of tensor parallelism.
         """
         if 0 <= num_tokens <= self.token_budget:
             return self._table_s[num_tokens]
@@ -341,7 +289,7 @@ class StepTimeModel:
         """Seconds of attention in one step.
 
         prefill_flops / (peak bf16 FLOP/s × attention_flops_efficiency)
-        + decode_context_tokens × kv_bytes_per_token / (HBM B/s × decode_bandwidth_efficiency),
+        + decode_context_tokens × kv_bytes_per_token_per_gpu / (HBM B/s × decode_bandwidth_efficiency),
         where ``decode_context_tokens`` sums the KV lengths of all decoding requests.
         """
         return prefill_flops / self._attention_flops_per_s + decode_context_tokens * self._decode_s_per_context_token
@@ -381,23 +329,25 @@ class StepTimeModel:
     ) -> int:
         """Tokens of KV cache that fit on the GPU.
 
-        floor((memory_bytes × gpu_memory_utilization − weight_bytes − activation_reserve_bytes)
-        / kv_bytes_per_token).
+        floor((memory_bytes × gpu_memory_utilization − weight_bytes / tp − activation_reserve_bytes)
+        / kv_bytes_per_token_per_gpu): every GPU of the group holds its shard of the weights and
+        of each token's KV.
 
         Raises:
             ValueError: bad arguments, or no room for a single token (message names the values).
         """
         _require(0 < gpu_memory_utilization <= 1, "gpu_memory_utilization", gpu_memory_utilization, "a value in (0, 1]")
         _require(activation_reserve_bytes >= 0, "activation_reserve_bytes", activation_reserve_bytes, "a value >= 0")
-        free_bytes = self.gpu.memory_bytes * gpu_memory_utilization - self.model.weight_bytes - activation_reserve_bytes
-        tokens = int(free_bytes // self.model.kv_bytes_per_token)
+        weight_bytes = self.model.weight_bytes / self.tp
+        free_bytes = self.gpu.memory_bytes * gpu_memory_utilization - weight_bytes - activation_reserve_bytes
+        tokens = int(free_bytes // self.kv_bytes_per_token_per_gpu)
         if tokens <= 0:
             raise ValueError(
                 f"no KV capacity: memory_bytes={self.gpu.memory_bytes} × "
                 f"gpu_memory_utilization={gpu_memory_utilization} − "
-                f"weight_bytes={self.model.weight_bytes:.0f} − "
+                f"weight_bytes / tp={weight_bytes:.0f} − "
                 f"activation_reserve_bytes={activation_reserve_bytes} = {free_bytes:.0f} bytes, "
-                f"less than kv_bytes_per_token={self.model.kv_bytes_per_token}"
+                f"less than kv_bytes_per_token_per_gpu={self.kv_bytes_per_token_per_gpu}"
             )
         return tokens
 

@@ -6,9 +6,11 @@ files are produced by ``vidur/profiling/mlp/main.py``: one CUDA-timed forward pa
 a single transformer block per (num_tokens, tensor-parallel degree), several repeats
 per point. Times are **milliseconds per layer** (``emb`` once per forward pass).
 
-Bundled copy: :func:`reduce_vidur_csv` keeps tensor-parallel degree 1 and only the
-columns in :data:`BUNDLED_COLUMNS`; :func:`bundle_vidur_profiles` rebuilds the whole
-bundle from a Vidur checkout (see ``data/bundled/NOTICE-profiles.md``).
+Bundled copy: :func:`reduce_vidur_csv` keeps every tensor-parallel degree (1, 2, 4, 8: each
+row times one GPU's shard of the block; the all-reduce between shards is not in it) and only
+the columns in :data:`BUNDLED_COLUMNS`; the network files keep :data:`NETWORK_COLUMNS`;
+:func:`bundle_vidur_profiles` rebuilds the whole bundle from a Vidur checkout (see
+``data/bundled/NOTICE-profiles.md``).
 
 Operators (the ``time_stats.<op>.median`` columns present in every bundled file):
 
@@ -54,8 +56,19 @@ BUNDLED_VIDUR_FILES = (
     "compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv",
     "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv",
     "compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv",
+    "compute/h100/meta-llama/Llama-2-70b-hf/mlp.csv",
 )
-"""Profiles bundled under ``data/bundled/profiles/vidur`` (paths relative to it)."""
+"""Compute profiles bundled under ``data/bundled/profiles/vidur`` (paths relative to it)."""
+
+BUNDLED_NETWORK_FILES = (
+    "network/a100_dgx/send_recv.csv",
+    "network/h100_dgx/send_recv.csv",
+)
+"""Point-to-point transfer profiles bundled beside them (two GPUs, NCCL send/recv of ``size``
+fp16 elements; ``devices_per_node`` 2 = both on one node's NVLink, 1 = across nodes)."""
+
+NETWORK_COLUMNS = ("size", "num_workers", "devices_per_node", "time_stats.send_recv.median")
+"""Columns kept of a network profile."""
 
 ONCE_PER_STEP_OPS = ("emb",)
 """Operators run once per forward pass (not per layer)."""
@@ -103,6 +116,11 @@ class OperatorProfile:
     once_s: np.ndarray
     source: str
 
+    def total_s(self, num_layers: int) -> np.ndarray:
+        """Seconds of a whole forward pass's non-attention operators at each ``num_tokens``:
+        ``per_layer_s × num_layers + once_s``."""
+        return self.per_layer_s * num_layers + self.once_s
+
     def __post_init__(self) -> None:
         tokens = np.array(self.num_tokens, dtype=np.int64)
         per_layer = np.array(self.per_layer_s, dtype=np.float64)
@@ -126,13 +144,14 @@ def _check_profile_arrays(tokens: np.ndarray, per_layer: np.ndarray, once: np.nd
 
 
 def reduce_vidur_csv(src: str | Path, dst: str | Path) -> None:
-    """Write the bundled reduction of one Vidur ``mlp.csv``.
+    """Write the bundled reduction of one Vidur ``mlp.csv`` or ``send_recv.csv``.
 
-    Keeps rows with ``num_tensor_parallel_workers == 1`` (all repeats, original order)
-    and the columns :data:`BUNDLED_COLUMNS`; values are written unchanged.
+    Keeps every row (all tensor-parallel degrees and repeats, original order) and the columns
+    :data:`BUNDLED_COLUMNS` (:data:`NETWORK_COLUMNS` for a network file); values unchanged.
     """
     frame = pd.read_csv(src)
-    frame = frame.loc[frame["num_tensor_parallel_workers"] == 1, list(BUNDLED_COLUMNS)]
+    columns = NETWORK_COLUMNS if "time_stats.send_recv.median" in frame.columns else BUNDLED_COLUMNS
+    frame = frame.loc[:, list(columns)]
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(dst, index=False, lineterminator="\n")
 
@@ -144,7 +163,7 @@ def bundle_vidur_profiles(src_root: str | Path, dst_root: str | Path) -> None:
     ``LICENSE-SOURCE.txt`` (if present in ``src_root``) beside them.
     """
     src_root, dst_root = Path(src_root), Path(dst_root)
-    for rel in BUNDLED_VIDUR_FILES:
+    for rel in (*BUNDLED_VIDUR_FILES, *BUNDLED_NETWORK_FILES):
         reduce_vidur_csv(src_root / rel, dst_root / rel)
     licence = src_root / "LICENSE-SOURCE.txt"
     if licence.exists():
@@ -169,15 +188,16 @@ def available_vidur_profiles() -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def load_vidur_profile(gpu: str, model_dir: str) -> OperatorProfile:
-    """Load the bundled Vidur profile of ``model_dir`` (e.g. ``"Meta-Llama-3-8B"``) on ``gpu``.
+def load_vidur_profile(gpu: str, model_dir: str, tp: int = 1) -> OperatorProfile:
+    """Load the bundled Vidur profile of ``model_dir`` (e.g. ``"Meta-Llama-3-8B"``) on ``gpu``, one
+    GPU's shard at tensor-parallel degree ``tp``.
 
     Per ``num_tokens``, each operator's time is the median over repeat rows of
     Vidur's per-run median; ``per_layer_s`` sums the per-layer operators weighted by
     :data:`PER_LAYER_OP_COUNTS`; ``once_s`` sums :data:`ONCE_PER_STEP_OPS`.
 
     Raises:
-        KeyError: no bundled profile for (gpu, model_dir); the message lists those that exist.
+        KeyError: no bundled profile for (gpu, model_dir, tp); the message lists those that exist.
     """
     rel = f"compute/{gpu}/{VIDUR_PROVIDER_DIR}/{model_dir}/{VIDUR_PROFILE_FILE}"
     path = _vidur_root().joinpath(*rel.split("/"))
@@ -186,15 +206,41 @@ def load_vidur_profile(gpu: str, model_dir: str) -> OperatorProfile:
         raise KeyError(f"no bundled Vidur profile for gpu {gpu!r}, model {model_dir!r}; available: {known}")
     with path.open("r") as handle:
         frame = pd.read_csv(handle)
-    return profile_from_frame(frame, source=f"vidur/{rel}")
+    if tp not in set(frame["num_tensor_parallel_workers"]):
+        degrees = sorted(set(frame["num_tensor_parallel_workers"].tolist()))
+        raise KeyError(f"bundled Vidur profile {gpu}/{model_dir} has tensor-parallel degrees {degrees}, not {tp}")
+    source = f"vidur/{rel}" + (f" (tp {tp})" if tp != 1 else "")
+    return profile_from_frame(frame[frame["num_tensor_parallel_workers"] == tp], source=source)
+
+
+def load_vidur_send_recv(system: str) -> pd.DataFrame:
+    """The bundled point-to-point profile of ``system`` (``a100_dgx``, ``h100_dgx``): one row per
+    (``size`` elements, ``devices_per_node``) with the median ``time_s`` over repeats.
+
+    Raises:
+        KeyError: no bundled profile for ``system``.
+    """
+    rel = f"network/{system}/send_recv.csv"
+    path = _vidur_root().joinpath(*rel.split("/"))
+    if not path.is_file():
+        raise KeyError(f"no bundled Vidur network profile for {system!r}; expected one of {BUNDLED_NETWORK_FILES}")
+    with path.open("r") as handle:
+        frame = pd.read_csv(handle)
+    medians = frame.groupby(["size", "devices_per_node"], sort=True)["time_stats.send_recv.median"].median()
+    out = medians.reset_index().rename(columns={"time_stats.send_recv.median": "time_s"})
+    out["time_s"] *= SECONDS_PER_MILLISECOND
+    return out
 
 
 def profile_from_frame(frame: pd.DataFrame, source: str) -> OperatorProfile:
-    """Build an :class:`OperatorProfile` from Vidur-style rows (tensor-parallel degree 1).
+    """Build an :class:`OperatorProfile` from Vidur-style rows of one tensor-parallel degree.
 
     Raises:
-        ValueError: a required ``time_stats.<op>.median`` column is missing.
+        ValueError: a required ``time_stats.<op>.median`` column is missing, or the rows mix
+            tensor-parallel degrees.
     """
+    if "num_tensor_parallel_workers" in frame.columns and frame["num_tensor_parallel_workers"].nunique() > 1:
+        raise ValueError(f"profile {source!r} mixes tensor-parallel degrees; select one first")
     ops = (*ONCE_PER_STEP_OPS, *PER_LAYER_OP_COUNTS)
     columns = [f"time_stats.{op}.median" for op in ops]
     missing = [c for c in ["num_tokens", *columns] if c not in frame.columns]

@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from kvcost.core.hardware import DEFAULT_GPU_MEMORY_UTILIZATION, GPUS, MODELS
+from kvcost.core.hardware import DEFAULT_GPU_MEMORY_UTILIZATION, GPUS, resolve_model
 from kvcost.eviction import EVICTION_POLICIES
 from kvcost.replay.tiers import TierConfig
 from kvcost.routing.router import RouterSettings
@@ -30,7 +30,7 @@ class ClusterConfig:
     """Everything that defines one simulated cluster run.
 
     Attributes:
-        model: model name (``kvcost.core.hardware.MODELS``).
+        model: model name (``kvcost.core.specs.MODELS``) or path to a Hugging Face ``config.json``.
         fleet: GPU type per worker, e.g. ``("a100", "a100", "h100", "h100")``.
         token_budget: tokens per continuous-batching step (vLLM ``max_num_batched_tokens``; default 8192).
         cache_enabled: prefix cache on or off.
@@ -69,7 +69,7 @@ class ClusterConfig:
     eviction_policy: str = "lru"
 
     def __post_init__(self) -> None:
-        MODELS.get(self.model)
+        resolve_model(self.model)
         EVICTION_POLICIES.get(self.eviction_policy)
         if not self.fleet:
             raise ValueError("fleet is empty, expected at least one worker")

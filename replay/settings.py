@@ -69,7 +69,8 @@ class ReplaySettings(BaseModel):
         _cluster_default("token_budget"), ge=1, description="Tokens per continuous-batching step."
     )
     model: str = Field(
-        _cluster_default("model"), description=f"Model served by every worker: {', '.join(MODELS.names())}."
+        _cluster_default("model"),
+        description=f"Model served by every worker: {', '.join(MODELS.names())}, or a path to a config.json.",
     )
     kv_capacity_blocks: int | None = Field(
         _cluster_default("kv_capacity_blocks"), ge=1, description="KV blocks per worker (default: from GPU memory)."

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kvcost.core.hardware import GPUS, MODELS
+from kvcost.core.hardware import GPUS, MODELS, resolve_model
 from kvcost.core.types import Namespace
 from kvcost.data.store import DEFAULT_LOG_PATH
 from kvcost.models.mlflow_store import check_tracking_uri
@@ -61,7 +61,9 @@ class ServiceSettings(BaseSettings):
         "GET /v1/cost-models and the gateway's GET /v1/models (health, readiness and metrics stay open)",
     )
     model: str = Field(
-        "llama-3-8b", description=f"model served by every worker: {', '.join(MODELS.names())} (its hardware profile)"
+        "llama-3-8b",
+        description=f"model served by every worker: {', '.join(MODELS.names())}, or a path to its Hugging Face "
+        "config.json (its hardware profile)",
     )
     gpu_default: str = Field("a100", description="GPU type of a worker snapshot that names none")
     block_size_tokens: int = Field(
@@ -248,8 +250,7 @@ class ServiceSettings(BaseSettings):
             check_tracking_uri(self.mlflow_uri)
         if self.protect_reads and self.token_file is None:
             raise ValueError("protect_reads = True needs token_file (--token-file): there is no token to require")
-        if self.model not in MODELS:
-            raise ValueError(f"model = {self.model!r}, expected one of {', '.join(MODELS.names())}")
+        resolve_model(self.model)
         if self.gpu_default not in GPUS:
             raise ValueError(f"gpu_default = {self.gpu_default!r}, expected one of {', '.join(GPUS.names())}")
         _check_policy(self.policy)

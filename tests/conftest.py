@@ -22,7 +22,9 @@ from tests.helpers import UNIT_MODEL
 # 2 × 1 × 1 × 1 × 2 = 4 KV bytes per token.
 LINEAR_MODEL = UNIT_MODEL
 # 4e12 FLOP/s → 1e-12 s per token pair; 4e6 B/s → 1e-6 s per decode context token.
-LINEAR_GPU = GpuSpec(name="linear-gpu", memory_bytes=2**30, peak_dense_bf16_flops=4e12, hbm_bytes_per_s=4e6)
+LINEAR_GPU = GpuSpec(
+    name="linear-gpu", memory_bytes=2**30, peak_dense_bf16_flops=4e12, hbm_bytes_per_s=4e6, profile_of="a100"
+)
 # Non-attention time is exactly 1 µs per batch token (linear through both points).
 LINEAR_PROFILE = OperatorProfile(
     num_tokens=[1, 8192], per_layer_s=[1e-6, 8192e-6], once_s=[0.0, 0.0], source="hand-made linear"

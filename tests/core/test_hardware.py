@@ -14,6 +14,7 @@ from kvcost.core.hardware import (
     profile_for,
 )
 from kvcost.core.profiles import OperatorProfile, load_vidur_profile
+from kvcost.core.roofline import allreduce_s, roofline_s
 
 TINY_MODEL = ModelSpec(
     name="tiny",
@@ -26,7 +27,9 @@ TINY_MODEL = ModelSpec(
     dtype_bytes=2,
     profile_dir="none",
 )
-TINY_GPU = GpuSpec(name="tiny-gpu", memory_bytes=1_000_000, peak_dense_bf16_flops=1e9, hbm_bytes_per_s=1e6)
+TINY_GPU = GpuSpec(
+    name="tiny-gpu", memory_bytes=1_000_000, peak_dense_bf16_flops=1e9, hbm_bytes_per_s=1e6, profile_of="a100"
+)
 # step totals (2 layers × per_layer + once): [2.1e-3, 4.2e-3, 8.3e-3] s at [1, 8, 16] tokens
 TINY_PROFILE = OperatorProfile(
     num_tokens=[1, 8, 16], per_layer_s=[1e-3, 2e-3, 4e-3], once_s=[1e-4, 2e-4, 3e-4], source="hand-made"
@@ -41,10 +44,23 @@ def tiny(**settings):
 
 
 def test_registries():
-    assert MODELS.names() == ["llama-2-7b", "llama-3-8b"]
-    assert GPUS.names() == ["a100", "h100"]
+    assert MODELS.names() == [
+        "llama-2-70b",
+        "llama-2-7b",
+        "llama-3-70b",
+        "llama-3-8b",
+        "llama-3.1-405b",
+        "llama-3.1-70b",
+        "llama-3.1-8b",
+        "mistral-7b",
+        "qwen2.5-32b",
+        "qwen2.5-72b",
+        "qwen2.5-7b",
+        "qwen3-30b-a3b",
+    ]
+    assert GPUS.names() == ["a100", "a100-40gb", "b200", "h100", "h100-pcie", "h200", "l40s", "mi300x"]
     assert MODELS.get("llama-3-8b").profile_dir == "Meta-Llama-3-8B"
-    with pytest.raises(KeyError, match="a100, h100"):
+    with pytest.raises(KeyError, match="a100, a100-40gb"):
         GPUS.get("v100")
 
 
@@ -52,7 +68,7 @@ def test_kv_bytes_per_token_and_weights():
     assert MODELS.get("llama-3-8b").kv_bytes_per_token == 131072  # 128 KiB, docs/architecture.md §7
     assert MODELS.get("llama-2-7b").kv_bytes_per_token == 524288
     assert TINY_MODEL.kv_bytes_per_token == 2 * 2 * 2 * 8 * 2
-    assert MODELS.get("llama-3-8b").weight_bytes == pytest.approx(16.06e9)
+    assert MODELS.get("llama-3-8b").weight_bytes == 2 * 8_030_261_248  # meta-llama/Meta-Llama-3-8B: 8.03 B
 
 
 def test_nonattention_interpolation_extrapolation_and_zero():
@@ -62,8 +78,9 @@ def test_nonattention_interpolation_extrapolation_and_zero():
     assert m.nonattention_s(4) == pytest.approx(2.1e-3 + 3 / 7 * 2.1e-3)
     assert m.nonattention_s(12) == pytest.approx(4.2e-3 + 0.5 * 4.1e-3)
     assert m.nonattention_s(16) == pytest.approx(8.3e-3)
-    # beyond the last point: slope of the last two points, 4.1e-3 s per 8 tokens
-    assert m.nonattention_s(24) == pytest.approx(8.3e-3 + 4.1e-3)
+    # beyond the last point: the roofline, scaled to meet the last measured point
+    roof = roofline_s(TINY_MODEL, TINY_GPU, np.array([24.0, 16.0]))
+    assert m.nonattention_s(24) == pytest.approx(8.3e-3 * roof[0] / roof[1])
 
 
 def test_table_and_fallback_agree():
@@ -112,9 +129,9 @@ def test_kv_capacity_by_hand():
 
 def test_kv_capacity_llama_3_8b_a100():
     m = StepTimeModel(MODELS.get("llama-3-8b"), GPUS.get("a100"), TINY_PROFILE)
-    free = 80 * GIB_BYTES * 0.9 - 8.03e9 * 2 - 2 * GIB_BYTES
-    assert m.kv_capacity_tokens() == int(free // 131072) == 450911
-    assert m.kv_capacity_blocks(512) == 450911 // 512
+    free = 80 * GIB_BYTES * 0.9 - 8_030_261_248 * 2 - 2 * GIB_BYTES
+    assert m.kv_capacity_tokens() == int(free // 131072) == 450907
+    assert m.kv_capacity_blocks(512) == 450907 // 512
 
 
 @pytest.mark.parametrize(
@@ -166,5 +183,38 @@ def test_real_profiles_are_sane():
     # one-token step is weight-read bound: ~16 GB at ~2 TB/s ≈ 8 ms
     assert 0.005 < a100.nonattention_s(1) < 0.02
     assert a100.prefill_alone_s(12000) > a100.prefill_alone_s(8192)
-    with pytest.raises(KeyError, match="unknown model"):
+    with pytest.raises(ValueError, match="model 'gpt-5': expected one of llama-2-70b"):
         StepTimeModel.for_hardware("gpt-5", "a100")
+
+
+def test_llama_2_7b_past_its_last_measured_point_keeps_growing():
+    # kvcost issue 16: the last two points' slope made an 8k step cheaper than a 4k one
+    for gpu in ("a100", "h100"):
+        m = StepTimeModel.for_hardware("llama-2-7b", gpu)
+        assert m.nonattention_s(8192) > 1.8 * m.nonattention_s(4096)
+        assert m.prefill_alone_s(8192) > m.prefill_alone_s(4096)
+
+
+def test_a_tensor_parallel_step_is_one_shard_plus_two_allreduces_per_layer():
+    model, h100 = MODELS.get("llama-2-70b"), GPUS.get("h100")
+    m = StepTimeModel.for_hardware("llama-2-70b", "h100", tp=4)
+    shard = load_vidur_profile("h100", "Llama-2-70b-hf", tp=4)
+    i = int(np.searchsorted(shard.num_tokens, 512))
+    assert shard.num_tokens[i] == 512
+    expected = shard.total_s(80)[i] + 2 * 80 * allreduce_s(512 * 8192 * 2, 4, h100)
+    assert m.nonattention_s(512) == pytest.approx(expected)
+    # 8 KV heads over 4 GPUs: 2 each; over 16, one replicated head each
+    assert m.kv_bytes_per_token_per_gpu == 2 * 80 * 2 * 128 * 2
+    assert StepTimeModel(model, h100, None, tp=16).kv_bytes_per_token_per_gpu == 2 * 80 * 1 * 128 * 2
+    # each GPU holds a quarter of the weights
+    free = 80 * GIB_BYTES * 0.9 - model.weight_bytes / 4 - 2 * GIB_BYTES
+    assert m.kv_capacity_tokens() == int(free // m.kv_bytes_per_token_per_gpu)
+    with pytest.raises(ValueError, match="tp = 3: expected an integer >= 1 dividing the 64 attention heads"):
+        StepTimeModel(model, h100, None, tp=3)
+
+
+def test_a_model_without_profiles_is_priced_by_the_roofline():
+    m = StepTimeModel.for_hardware("qwen2.5-7b", "h200")
+    assert m.profile is None
+    expected = roofline_s(MODELS.get("qwen2.5-7b"), GPUS.get("h200"), np.array([1.0, 4096.0]))
+    assert [m.nonattention_s(1), m.nonattention_s(4096)] == pytest.approx(expected.tolist())

@@ -15,6 +15,7 @@ from kvcost.core.profiles import (
     OperatorProfile,
     available_vidur_profiles,
     load_vidur_profile,
+    load_vidur_send_recv,
     profile_from_frame,
     reduce_vidur_csv,
 )
@@ -43,6 +44,7 @@ def test_bundled_files_and_licence_exist():
     assert available_vidur_profiles() == [
         ("a100", "Llama-2-7b-hf"),
         ("a100", "Meta-Llama-3-8B"),
+        ("h100", "Llama-2-70b-hf"),
         ("h100", "Llama-2-7b-hf"),
     ]
     assert (VIDUR_ROOT / "LICENSE-SOURCE.txt").read_text().count("MIT License") == 1
@@ -55,13 +57,15 @@ def test_bundled_files_are_reduced(rel):
     with (VIDUR_ROOT.joinpath(*rel.split("/"))).open() as handle:
         frame = pd.read_csv(handle)
     assert tuple(frame.columns) == BUNDLED_COLUMNS
-    assert set(frame["num_tensor_parallel_workers"]) == {1}
+    assert set(frame["num_tensor_parallel_workers"]) == {1, 2, 4, 8}
 
 
 def test_load_matches_hand_computation_from_csv():
     rel = "compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv"
     with VIDUR_ROOT.joinpath(*rel.split("/")).open() as handle:
-        rows = [r for r in csv.DictReader(handle) if r["num_tokens"] == "512"]
+        rows = [
+            r for r in csv.DictReader(handle) if r["num_tokens"] == "512" and r["num_tensor_parallel_workers"] == "1"
+        ]
     per_op = {
         op: statistics.median(float(r[f"time_stats.{op}.median"]) for r in rows) for op in ("emb", *PER_LAYER_OP_COUNTS)
     }
@@ -94,14 +98,38 @@ def test_unknown_profile_lists_available():
         load_vidur_profile("v100", "Llama-2-7b-hf")
 
 
-def test_reduce_vidur_csv_keeps_tp1_and_bundled_columns(tmp_path):
+def test_reduce_vidur_csv_keeps_every_degree_and_the_bundled_columns(tmp_path):
     src, dst = tmp_path / "src.csv", tmp_path / "out" / "mlp.csv"
     pd.DataFrame([_row(1, 1, 0.5), _row(1, 2, 0.25), _row(8, 1, 0.75)]).to_csv(src, index=False)
     reduce_vidur_csv(src, dst)
     out = pd.read_csv(dst)
     assert tuple(out.columns) == BUNDLED_COLUMNS
-    assert out["num_tokens"].tolist() == [1, 8]
-    assert out["time_stats.emb.median"].tolist() == [0.5, 0.75]
+    assert out["num_tokens"].tolist() == [1, 1, 8]
+    assert out["time_stats.emb.median"].tolist() == [0.5, 0.25, 0.75]
+
+
+def test_a_tensor_parallel_shard_loads_by_degree_and_an_absent_degree_is_named():
+    tp1 = load_vidur_profile("h100", "Llama-2-70b-hf")
+    tp4 = load_vidur_profile("h100", "Llama-2-70b-hf", tp=4)
+    assert tp4.source == "vidur/compute/h100/meta-llama/Llama-2-70b-hf/mlp.csv (tp 4)"
+    i = int(np.searchsorted(tp1.num_tokens, 4096))
+    # a quarter of the GEMMs: between 3× and 4× faster at 4,096 tokens
+    assert 3.0 < tp1.per_layer_s[i] / tp4.per_layer_s[i] < 4.0
+    with pytest.raises(KeyError, match=r"degrees \[1, 2, 4, 8\], not 3"):
+        load_vidur_profile("h100", "Llama-2-70b-hf", tp=3)
+
+
+def test_profile_from_frame_refuses_mixed_degrees():
+    frame = pd.DataFrame([_row(1, 1, 0.5), _row(1, 2, 0.25)])
+    with pytest.raises(ValueError, match="mixes tensor-parallel degrees"):
+        profile_from_frame(frame, source="x")
+
+
+def test_send_recv_profile_medians_in_seconds():
+    frame = load_vidur_send_recv("a100_dgx")
+    assert frame.columns.tolist() == ["size", "devices_per_node", "time_s"]
+    last = frame[(frame["size"] == 67108864) & (frame["devices_per_node"] == 2)]
+    assert last["time_s"].tolist() == pytest.approx([0.294e-3])
 
 
 def test_profile_from_frame_takes_median_of_repeats_and_counts_add_twice():

@@ -21,7 +21,9 @@ def test_parse_fleet():
 
 
 def test_parse_fleet_errors():
-    assert error(ValueError, parse_fleet, "v100:2", 2) == "fleet GPU 'v100', expected one of a100, h100"
+    assert error(ValueError, parse_fleet, "v100:2", 2) == (
+        "fleet GPU 'v100', expected one of a100, a100-40gb, b200, h100, h100-pcie, h200, l40s, mi300x"
+    )
     assert error(ValueError, parse_fleet, "a100:0", 0) == "fleet count = 0, expected an integer ≥ 1"
     for bad in ("a100:-1", "a100:x", "a100:2:1", ""):
         assert error(ValueError, parse_fleet, bad, 0) == (f"fleet item {bad!r}, expected GPU[:COUNT] such as 'a100:2'")
@@ -85,9 +87,10 @@ def test_cluster_config_validation_names_field_and_value(field, value, message):
 
 
 def test_cluster_config_unknown_model_or_gpu():
-    assert error(KeyError, ClusterConfig, model="gpt-5") == (
-        "\"unknown model 'gpt-5'; expected one of: llama-2-7b, llama-3-8b\""
+    assert error(ValueError, ClusterConfig, model="gpt-5").startswith(
+        "model 'gpt-5': expected one of llama-2-70b, llama-2-7b, llama-3-70b, llama-3-8b,"
     )
+    assert error(ValueError, ClusterConfig, model="gpt-5").endswith("or a path to a config.json")
     assert error(KeyError, ClusterConfig, fleet=("a100", "v100")) == (
-        "\"unknown gpu 'v100'; expected one of: a100, h100\""
+        "\"unknown gpu 'v100'; expected one of: a100, a100-40gb, b200, h100, h100-pcie, h200, l40s, mi300x\""
     )

@@ -278,7 +278,9 @@ def test_service_level_input_errors_are_422_naming_the_field(client):
     body = make_body(candidates=[{"worker_id": 0, "snapshot": {"gpu": "tpu"}}])
     response = client.post("/v1/score", json=body)
     assert response.json()["detail"][0]["loc"] == ["body", "candidates", 0, "snapshot", "gpu"]
-    assert response.json()["detail"][0]["msg"] == "gpu = 'tpu', expected one of a100, h100"
+    assert response.json()["detail"][0]["msg"] == (
+        "gpu = 'tpu', expected one of a100, a100-40gb, b200, h100, h100-pcie, h200, l40s, mi300x"
+    )
     response = client.post("/v1/workers/1/snapshot", json={"gpu": "tpu"}, headers=AUTH)
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "gpu"]
     response = client.post("/v1/workers/-1/snapshot", json={}, headers=AUTH)
