@@ -149,9 +149,13 @@ def step_allreduce_s(model: ModelSpec, gpu: GpuSpec, num_tokens: np.ndarray | fl
     return 2 * model.num_layers * allreduce_s(n * model.hidden_size * model.dtype_bytes, tp, gpu)
 
 
-def _profile_points(gpu: str) -> list[tuple[ModelSpec, int, np.ndarray, np.ndarray]]:
+def profile_points(
+    gpu: str, models: tuple[str, ...] | None = None
+) -> list[tuple[ModelSpec, int, np.ndarray, np.ndarray]]:
+    """``(model, tp, num_tokens, measured_s)`` of every bundled profile of ``gpu`` (the models of
+    :data:`FIT_PROFILES`, or ``models``) at every tensor-parallel degree."""
     points = []
-    for name in FIT_PROFILES[gpu]:
+    for name in models or FIT_PROFILES[gpu]:
         model = MODELS.get(name)
         for tp in (1, 2, 4, 8):
             profile = load_vidur_profile(gpu, model.profile_dir, tp)
@@ -159,22 +163,27 @@ def _profile_points(gpu: str) -> list[tuple[ModelSpec, int, np.ndarray, np.ndarr
     return points
 
 
-def fit_roofline(gpu: str) -> tuple[RooflineFit, np.ndarray]:
-    """Fit :class:`RooflineFit` for ``gpu`` (a key of :data:`FIT_PROFILES`) on its bundled profiles.
+def fit_roofline(gpu: str, models: tuple[str, ...] | None = None) -> tuple[RooflineFit, np.ndarray]:
+    """Fit :class:`RooflineFit` for ``gpu`` (a key of :data:`FIT_PROFILES`) on its bundled profiles
+    (of ``models`` only, when given: to measure the fit on the profiles it left out).
 
     Returns the fit and the relative errors ``|predicted / measured − 1|`` of every point.
     """
     from scipy.optimize import least_squares  # lazy: scipy's optimizer is only needed to refit
 
-    spec, points = GPUS.get(gpu), _profile_points(gpu)
+    spec, points = GPUS.get(gpu), profile_points(gpu, models)
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        fit = RooflineFit(*np.exp(theta))
-        return np.concatenate([np.log(roofline_s(m, spec, n, tp, fit)) - np.log(t) for m, tp, n, t in points])
+        return log_errors(RooflineFit(*np.exp(theta)), spec, points)
 
     result = least_squares(residuals, np.log([0.6, 0.7, 2e-5]))
     fit = RooflineFit(*(float(v) for v in np.exp(result.x)))
     return fit, np.exp(np.abs(residuals(result.x))) - 1.0
+
+
+def log_errors(fit: RooflineFit, gpu: GpuSpec, points: list) -> np.ndarray:
+    """``log(predicted / measured)`` of every point of :func:`profile_points` under ``fit`` on ``gpu``."""
+    return np.concatenate([np.log(roofline_s(m, gpu, n, tp, fit)) - np.log(t) for m, tp, n, t in points])
 
 
 def fit_link(gpu: str) -> LinkFit:
