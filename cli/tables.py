@@ -25,6 +25,7 @@ SERVE = SettingsTable(
         "protect_reads",
         "policy",
         "model",
+        "tensor_parallel",
         "gpu_default",
         "block_size_tokens",
         "max_body_bytes",

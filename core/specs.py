@@ -262,7 +262,9 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if path.exists():
         return load_model_config(path)
-    raise ValueError(f"model {name_or_path!r}: expected one of {', '.join(MODELS.names())} or a path to a config.json")
+    raise ValueError(
+        f"model = {name_or_path!r}, expected one of {', '.join(MODELS.names())} or a path to a config.json"
+    )
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,9 @@ class ClusterConfig:
         model: model name (``kvcost.core.specs.MODELS``) or path to a Hugging Face ``config.json``.
         fleet: GPU type per worker, e.g. ``("a100", "a100", "h100", "h100")``.
         token_budget: tokens per continuous-batching step (vLLM ``max_num_batched_tokens``; default 8192).
+        tensor_parallel: GPUs per worker (tensor-parallel degree, ≥ 1, dividing the model's attention
+            heads): a worker's step is one GPU's shard plus the all-reduces, and its KV capacity
+            is the group's.
         cache_enabled: prefix cache on or off.
         kv_capacity_blocks: KV blocks per worker; None derives it from GPU memory, weights
             and reserve (``StepTimeModel.kv_capacity_blocks``).
@@ -55,6 +58,7 @@ class ClusterConfig:
     model: str = "llama-3-8b"
     fleet: tuple[str, ...] = ("a100",) * 4
     token_budget: int = 8192
+    tensor_parallel: int = 1
     cache_enabled: bool = True
     kv_capacity_blocks: int | None = None
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
@@ -76,6 +80,7 @@ class ClusterConfig:
         for gpu in self.fleet:
             GPUS.get(gpu)
         _check(self.token_budget >= 1, "token_budget", self.token_budget, "an integer ≥ 1")
+        _check(self.tensor_parallel >= 1, "tensor_parallel", self.tensor_parallel, "an integer ≥ 1")
         if self.kv_capacity_blocks is not None:
             _check(self.kv_capacity_blocks >= 1, "kv_capacity_blocks", self.kv_capacity_blocks, "an integer ≥ 1")
         _check(

@@ -154,7 +154,7 @@ def isolated_ttft_s(trace: Trace, config: ClusterConfig, costs: NominalCosts | N
     """
     costs = costs or NominalCosts()
     models = [
-        StepTimeModel.for_hardware(config.model, gpu, token_budget=config.token_budget)
+        StepTimeModel.for_hardware(config.model, gpu, tp=config.tensor_parallel, token_budget=config.token_budget)
         for gpu in sorted(set(config.fleet))
     ]
     reused = infinite_cache_reuse_tokens(trace)

@@ -68,6 +68,9 @@ class ReplaySettings(BaseModel):
     token_budget: int = Field(
         _cluster_default("token_budget"), ge=1, description="Tokens per continuous-batching step."
     )
+    tensor_parallel: int = Field(
+        _cluster_default("tensor_parallel"), ge=1, description="GPUs per worker (tensor-parallel degree)."
+    )
     model: str = Field(
         _cluster_default("model"),
         description=f"Model served by every worker: {', '.join(MODELS.names())}, or a path to a config.json.",

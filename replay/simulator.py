@@ -112,7 +112,9 @@ class ClusterSimulator:
         self.block_size_tokens = block_size_tokens
         self.namespace = Namespace(config.model, block_size_tokens=block_size_tokens)
         self.step_models = {
-            gpu: StepTimeModel.for_hardware(config.model, gpu, token_budget=config.token_budget)
+            gpu: StepTimeModel.for_hardware(
+                config.model, gpu, tp=config.tensor_parallel, token_budget=config.token_budget
+            )
             for gpu in sorted(set(config.fleet))
         }
         self.directory = CacheDirectory()

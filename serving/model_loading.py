@@ -50,12 +50,13 @@ class ModelStatus:
         return f"champion v{self.version}" if self.version else "champion"
 
 
-def default_step_models(model: str) -> dict[str, StepTimeModel]:
-    """Step-time model of ``model`` on every GPU type with a bundled (or derivable) profile."""
+def default_step_models(model: str, tp: int = 1) -> dict[str, StepTimeModel]:
+    """Step-time model of ``model`` (name or ``config.json`` path) at tensor-parallel degree ``tp``
+    on every GPU type of the table (measured profiles where bundled, the roofline elsewhere)."""
     models = {}
     for gpu in GPUS.names():
         try:
-            models[gpu] = StepTimeModel.for_hardware(model, gpu)
+            models[gpu] = StepTimeModel.for_hardware(model, gpu, tp=tp)
         except KeyError:
             _log.info("no profile of %s on %s: snapshots naming it are refused", model, gpu)
     return models

@@ -199,9 +199,10 @@ class ScoringService:
         Raises:
             duckdb.Error: the log cannot be opened (e.g. another process holds it).
         """
-        step_models = dict(self._step_models_option or default_step_models(self.settings.model))
-        if self.settings.gpu_default not in step_models:
-            raise ValueError(f"gpu_default = {self.settings.gpu_default!r} has no step-time profile")
+        settings = self.settings
+        step_models = dict(self._step_models_option or default_step_models(settings.model, settings.tensor_parallel))
+        if settings.gpu_default not in step_models:
+            raise ValueError(f"gpu_default = {settings.gpu_default!r} has no step-time profile")
         self.routing = Routing(self.settings, self.directory, self.lock, step_models, self.clock)
         now_s = self.clock()
         self.run_id = self.settings.run_id or (

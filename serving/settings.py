@@ -65,6 +65,7 @@ class ServiceSettings(BaseSettings):
         description=f"model served by every worker: {', '.join(MODELS.names())}, or a path to its Hugging Face "
         "config.json (its hardware profile)",
     )
+    tensor_parallel: int = Field(1, ge=1, le=64, description="GPUs per worker (tensor-parallel degree) of the model")
     gpu_default: str = Field("a100", description="GPU type of a worker snapshot that names none")
     block_size_tokens: int = Field(
         512, ge=1, le=MAX_BLOCK_SIZE_TOKENS, description="KV block size of a request namespace without one"

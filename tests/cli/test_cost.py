@@ -31,7 +31,7 @@ def test_a_config_path_works_and_a_long_prompt_is_warned_not_refused(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model", "gpt-4"], "'gpt-4': expected one of llama-2-70b"),
+        (["--model", "gpt-4"], "--model = 'gpt-4', expected one of llama-2-70b"),
         (["--gpu", "v100"], "unknown gpu 'v100'"),
         (["--prompt-tokens", "0"], "--prompt-tokens = 0, expected an integer ≥ 1"),
         (["--tp", "3"], "tp = 3: expected an integer >= 1 dividing the 32 attention heads"),

@@ -55,7 +55,7 @@ def test_cluster_options_reach_the_simulation(tmp_path):
             ["--warmup-s", "99999", "--duration-s", "30"],
             "error: --warmup-s = 99999, expected less than the last arrival",
         ),
-        (["--model", "gpt-4"], "model 'gpt-4': expected one of llama-2-70b"),
+        (["--model", "gpt-4"], "model = 'gpt-4', expected one of llama-2-70b"),
         (["--gpu-memory-utilization", "1.5"], "error: --gpu-memory-utilization = 1.5"),
     ],
 )

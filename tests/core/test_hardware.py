@@ -183,7 +183,7 @@ def test_real_profiles_are_sane():
     # one-token step is weight-read bound: ~16 GB at ~2 TB/s ≈ 8 ms
     assert 0.005 < a100.nonattention_s(1) < 0.02
     assert a100.prefill_alone_s(12000) > a100.prefill_alone_s(8192)
-    with pytest.raises(ValueError, match="model 'gpt-5': expected one of llama-2-70b"):
+    with pytest.raises(ValueError, match="model = 'gpt-5', expected one of llama-2-70b"):
         StepTimeModel.for_hardware("gpt-5", "a100")
 
 

@@ -90,7 +90,7 @@ def test_a_config_file_or_folder_resolves_and_an_unknown_name_is_refused(tmp_pat
     assert load_model_config(folder).name == "my-model"
     assert resolve_model(str(folder / "config.json")).layer_params == 592
     assert resolve_model("llama-3-8b") is MODELS.get("llama-3-8b")
-    with pytest.raises(ValueError, match=r"model 'nope': expected one of .* or a path to a config.json"):
+    with pytest.raises(ValueError, match=r"model = 'nope', expected one of .* or a path to a config.json"):
         resolve_model("nope")
     (folder / "config.json").write_text("{")
     with pytest.raises(ValueError, match="not JSON"):

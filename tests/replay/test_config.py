@@ -88,7 +88,7 @@ def test_cluster_config_validation_names_field_and_value(field, value, message):
 
 def test_cluster_config_unknown_model_or_gpu():
     assert error(ValueError, ClusterConfig, model="gpt-5").startswith(
-        "model 'gpt-5': expected one of llama-2-70b, llama-2-7b, llama-3-70b, llama-3-8b,"
+        "model = 'gpt-5', expected one of llama-2-70b, llama-2-7b, llama-3-70b, llama-3-8b,"
     )
     assert error(ValueError, ClusterConfig, model="gpt-5").endswith("or a path to a config.json")
     assert error(KeyError, ClusterConfig, fleet=("a100", "v100")) == (

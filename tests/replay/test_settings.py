@@ -21,6 +21,7 @@ def test_prepare_arguments_are_the_runner_keywords():
         "directory_lag_s": 0.0,
         "slowdowns": ("1:0.6@600",),
         "token_budget": 8192,
+        "tensor_parallel": 1,
         "model": "llama-3-8b",
         "kv_capacity_blocks": None,
         "gpu_memory_utilization": 0.9,

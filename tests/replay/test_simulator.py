@@ -280,3 +280,12 @@ def test_a_fetch_moves_what_the_source_really_holds_and_a_stale_promise_moves_no
     block_bytes = target.tiers.block_bytes
     assert request.transfer_s == pytest.approx(0.001 + 2 * block_bytes / 1e9)
     assert request.served_by == "remote_transfer"
+
+
+def test_a_tensor_parallel_fleet_of_a_70b_model_replays_with_the_groups_kv_capacity():
+    trace = busy_trace()
+    result = run(trace, fleet=("h100",), model="llama-2-70b", tensor_parallel=4)
+    assert len(result.requests) == len(trace.requests) and result.rejected_requests == 0
+    step_model = StepTimeModel.for_hardware("llama-2-70b", "h100", tp=4)
+    sim = ClusterSimulator(ClusterConfig(fleet=("h100",), model="llama-2-70b", tensor_parallel=4), BLOCK)
+    assert sim.workers[0].pool.capacity_blocks == step_model.kv_capacity_blocks(BLOCK) == 496503 // BLOCK
