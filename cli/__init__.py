@@ -22,6 +22,7 @@ from kvcost.cli.cost import cost
 from kvcost.cli.eviction_study import eviction_study
 from kvcost.cli.experiment import experiment
 from kvcost.cli.models import models_app
+from kvcost.cli.profile import profile
 from kvcost.cli.replay import replay
 from kvcost.cli.retrain import retrain
 from kvcost.cli.serve import serve
@@ -39,5 +40,6 @@ app.add_typer(models_app, name="models")
 app.command()(serve)
 app.command()(workload)
 app.command()(cost)
+app.command()(profile)
 
 __all__ = ["app"]

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from kvcost.cli.common import console, err_console, guard
+from kvcost.core.engine_profile import EngineProfile
 from kvcost.core.hardware import StepTimeModel
 
 
 def cost_figures(
-    model: str, gpu: str, tp: int, prompt_tokens: int, cached_tokens: int, batch: int, context_tokens: int
+    model: str | None,
+    gpu: str | None,
+    tp: int,
+    prompt_tokens: int,
+    cached_tokens: int,
+    batch: int,
+    context_tokens: int,
+    profile: Path | None = None,
 ) -> tuple[dict[str, float], StepTimeModel]:
     """``{"prefill_s", "decode_step_s"}`` and the step-time model behind them.
 
@@ -21,9 +30,13 @@ def cost_figures(
     ``decode_step_s``: one step of ``batch`` sequences decoding one token each, each with
     ``context_tokens`` of KV (the time per output token of that batch).
 
+    With ``profile`` (a ``kvcost profile`` file) the measured engine's step-time model is used and
+    ``model``, ``gpu`` and ``tp`` are not.
+
     Raises:
-        ValueError: a count out of range (the message names it), an unknown model or GPU, or a
-            ``tp`` that does not divide the attention heads.
+        ValueError: a count out of range (the message names it), an unknown model or GPU, a
+            ``tp`` that does not divide the attention heads, or neither a profile nor a model and GPU.
+        FileNotFoundError: no such profile file.
     """
     for name, value, low in (
         ("prompt_tokens", prompt_tokens, 1),
@@ -34,7 +47,12 @@ def cost_figures(
     ):
         if value < low:
             raise ValueError(f"{name} = {value}, expected an integer ≥ {low}")
-    step_model = StepTimeModel.for_hardware(model, gpu, tp=tp)
+    if profile is not None:
+        step_model = EngineProfile.load(profile).step_time_model()
+    elif model is None or gpu is None:
+        raise ValueError("model = None, expected --model and --gpu, or --profile")
+    else:
+        step_model = StepTimeModel.for_hardware(model, gpu, tp=tp)
     figures = {
         "prefill_s": step_model.prefill_alone_s(prompt_tokens, cached_tokens),
         "decode_step_s": step_model.step_s(batch, 0.0, batch * context_tokens),
@@ -43,28 +61,33 @@ def cost_figures(
 
 
 def cost(
-    model: Annotated[str, typer.Option(help="Model name (e.g. llama-3.1-70b) or path to a config.json.")],
-    gpu: Annotated[str, typer.Option(help="GPU (a100, a100-40gb, h100, h100-pcie, h200, b200, l40s, mi300x).")],
     prompt_tokens: Annotated[int, typer.Option(help="New prompt tokens of the request to prefill.")],
+    model: Annotated[str | None, typer.Option(help="Model name (e.g. llama-3.1-70b) or path to a config.json.")] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="GPU (a100, a100-40gb, h100, h100-pcie, h200, b200, l40s, mi300x).")
+    ] = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel degree.")] = 1,
     cached_tokens: Annotated[int, typer.Option(help="Tokens of its prefix already cached.")] = 0,
     batch: Annotated[int, typer.Option(help="Sequences in the decode batch.")] = 1,
     context_tokens: Annotated[int, typer.Option(help="KV tokens of each decoding sequence.")] = 1024,
+    profile: Annotated[Path | None, typer.Option(help="A kvcost profile file: its measured engine instead.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON (keys end in _s).")] = False,
 ) -> None:
     """Predicted prefill time of one request and decode step time of a batch, for capacity planning."""
     figures, step_model = guard(
-        lambda: cost_figures(model, gpu, tp, prompt_tokens, cached_tokens, batch, context_tokens)
+        lambda: cost_figures(model, gpu, tp, prompt_tokens, cached_tokens, batch, context_tokens, profile)
     )
     limit = step_model.model.max_position_embeddings
     for what, tokens in (("prompt", prompt_tokens + cached_tokens), ("decode context", context_tokens)):
         if limit and tokens > limit:
-            err_console.print(f"warning: {what} of {tokens} tokens is past {model}'s max_position_embeddings {limit}")
+            err_console.print(
+                f"warning: {what} of {tokens} tokens is past {step_model.model.name}'s max_position_embeddings {limit}"
+            )
     if as_json:
         print(json.dumps(figures))
         return
     source = step_model.profile.source if step_model.profile is not None else "roofline (no measured profile)"
-    console.print(f"{step_model.model.name} on {gpu} × tp {tp}; non-attention: {source}")
+    console.print(f"{step_model.model.name} on {step_model.gpu.name} × tp {step_model.tp}; non-attention: {source}")
     console.print(
         f"prefill of {prompt_tokens} tokens after {cached_tokens} cached: {figures['prefill_s'] * 1e3:.2f} ms"
     )

@@ -26,6 +26,7 @@ SERVE = SettingsTable(
         "policy",
         "model",
         "tensor_parallel",
+        "profiles",
         "gpu_default",
         "block_size_tokens",
         "max_body_bytes",

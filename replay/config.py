@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
-from kvcost.core.hardware import DEFAULT_GPU_MEMORY_UTILIZATION, GPUS, resolve_model
+from kvcost.core.engine_profile import EngineProfile
+from kvcost.core.hardware import DEFAULT_GPU_MEMORY_UTILIZATION, GPUS, StepTimeModel, resolve_model
 from kvcost.eviction import EVICTION_POLICIES
 from kvcost.replay.tiers import TierConfig
 from kvcost.routing.router import RouterSettings
@@ -53,6 +55,8 @@ class ClusterConfig:
             pools (``kvcost.replay.tiers``); None = GPU only.
         eviction_policy: registered KV eviction policy of every worker's pool
             (``kvcost.eviction``; default ``lru``, vLLM's order).
+        profiles: ``kvcost profile`` files; each adds a GPU type named after it that ``fleet``
+            may name (its step time is the measured engine's, :mod:`kvcost.core.engine_profile`).
     """
 
     model: str = "llama-3-8b"
@@ -71,14 +75,17 @@ class ClusterConfig:
     router: RouterSettings = field(default_factory=RouterSettings)
     tiers: TierConfig | None = None
     eviction_policy: str = "lru"
+    profiles: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         resolve_model(self.model)
         EVICTION_POLICIES.get(self.eviction_policy)
         if not self.fleet:
             raise ValueError("fleet is empty, expected at least one worker")
+        measured = _load_profiles(self.profiles)
         for gpu in self.fleet:
-            GPUS.get(gpu)
+            if gpu not in measured:
+                GPUS.get(gpu)
         _check(self.token_budget >= 1, "token_budget", self.token_budget, "an integer ≥ 1")
         _check(self.tensor_parallel >= 1, "tensor_parallel", self.tensor_parallel, "an integer ≥ 1")
         if self.kv_capacity_blocks is not None:
@@ -112,14 +119,38 @@ class ClusterConfig:
         """Number of workers."""
         return len(self.fleet)
 
+    def step_model(self, gpu: str) -> StepTimeModel:
+        """The step-time model of a worker of type ``gpu``: a profile's (:attr:`profiles`) or the
+        model's on that GPU at :attr:`tensor_parallel`, with :attr:`token_budget`."""
+        measured = _load_profiles(self.profiles)
+        if gpu in measured:
+            return measured[gpu].step_time_model(self.token_budget)
+        return StepTimeModel.for_hardware(self.model, gpu, tp=self.tensor_parallel, token_budget=self.token_budget)
+
 
 def _check(ok: bool, field_name: str, value: object, expected: str) -> None:
     if not ok:
         raise ValueError(f"{field_name} = {value!r}, expected {expected}")
 
 
-def parse_fleet(spec: str | None, workers: int) -> tuple[str, ...]:
-    """Parse ``--fleet`` (``"a100:2,h100:2"``); None means ``workers`` × ``a100``.
+def profile_names(paths: tuple[str, ...]) -> list[str]:
+    """The GPU type names of the ``kvcost profile`` files ``paths``.
+
+    Raises:
+        FileNotFoundError, ValueError: a file that is not a readable profile.
+    """
+    return list(_load_profiles(tuple(paths)))
+
+
+@lru_cache(maxsize=32)
+def _load_profiles(paths: tuple[str, ...]) -> dict[str, EngineProfile]:
+    """The profiles of ``paths`` by name (read once per tuple of paths)."""
+    return {p.name: p for p in map(EngineProfile.load, paths)}
+
+
+def parse_fleet(spec: str | None, workers: int, extra_gpus: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Parse ``--fleet`` (``"a100:2,h100:2"``); None means ``workers`` × ``a100``. ``extra_gpus``:
+    further GPU type names (those of ``--profile`` files).
 
     Raises:
         ValueError: malformed item, unknown GPU, count < 1, or a total different from ``workers``
@@ -133,8 +164,8 @@ def parse_fleet(spec: str | None, workers: int) -> tuple[str, ...]:
         if not match:
             raise ValueError(f"fleet item {item!r}, expected GPU[:COUNT] such as 'a100:2'")
         gpu, count = match.group(1).lower(), int(match.group(2) or 1)
-        if gpu not in GPUS:
-            raise ValueError(f"fleet GPU {gpu!r}, expected one of {', '.join(GPUS.names())}")
+        if gpu not in GPUS and gpu not in extra_gpus:
+            raise ValueError(f"fleet GPU {gpu!r}, expected one of {', '.join([*GPUS.names(), *extra_gpus])}")
         _check(count >= 1, "fleet count", count, "an integer ≥ 1")
         fleet.extend([gpu] * count)
     if workers and len(fleet) != workers:

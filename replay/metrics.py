@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import reusable_tokens_for
 from kvcost.data.traces import Trace
 from kvcost.features.nominal import NominalCosts
@@ -153,10 +152,7 @@ def isolated_ttft_s(trace: Trace, config: ClusterConfig, costs: NominalCosts | N
     jitter) + first-token work; nominal costs by default. Seconds, one per request.
     """
     costs = costs or NominalCosts()
-    models = [
-        StepTimeModel.for_hardware(config.model, gpu, tp=config.tensor_parallel, token_budget=config.token_budget)
-        for gpu in sorted(set(config.fleet))
-    ]
+    models = [config.step_model(gpu) for gpu in sorted(set(config.fleet))]
     reused = infinite_cache_reuse_tokens(trace)
     out = np.empty(len(trace.requests))
     for i, (request, cached) in enumerate(zip(trace.requests, reused, strict=True)):

@@ -43,7 +43,7 @@ from kvcost.replay.bench import (
     run_bench,
 )
 from kvcost.replay.bench_report import line_styles, marker_styles, write_bench_json, write_bench_md
-from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown
+from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown, profile_names
 from kvcost.replay.experiment import CONFIGURATIONS, LEARNED_ARM, Configuration, configure, replay, study_summary
 from kvcost.replay.metrics import infinite_cache_hit_ratio, p99_by_window, physical_limit_ttft_p99_s
 from kvcost.replay.online import OnlineSettings
@@ -110,7 +110,7 @@ def prepare(
         skip_bad_lines=skip_bad_lines,
     )
     config = ClusterConfig(
-        fleet=parse_fleet(fleet, 0 if fleet else workers),
+        fleet=parse_fleet(fleet, 0 if fleet else workers, tuple(profile_names(cluster.get("profiles", ())))),
         slowdowns=tuple(parse_slowdown(s) for s in slowdowns),
         router=RouterSettings(count_in_flight=count_in_flight, max_share_over_mean=max_share_over_mean),
         **cluster,

@@ -71,6 +71,10 @@ class ReplaySettings(BaseModel):
     tensor_parallel: int = Field(
         _cluster_default("tensor_parallel"), ge=1, description="GPUs per worker (tensor-parallel degree)."
     )
+    profile: list[Path] = Field(
+        default_factory=list,
+        description="kvcost profile file (repeatable): adds a GPU type named after it that --fleet may name.",
+    )
     model: str = Field(
         _cluster_default("model"),
         description=f"Model served by every worker: {', '.join(MODELS.names())}, or a path to a config.json.",
@@ -102,7 +106,9 @@ class ReplaySettings(BaseModel):
     db: Path = Field(DEFAULT_LOG_PATH, description="DuckDB log, appended to.")
 
     def prepare_arguments(self) -> dict[str, object]:
-        """Keyword arguments of :func:`kvcost.replay.runner.prepare` (``slowdown`` → ``slowdowns``)."""
+        """Keyword arguments of :func:`kvcost.replay.runner.prepare` (``slowdown`` → ``slowdowns``,
+        ``profile`` → ``profiles``, a tuple of path strings)."""
         arguments = self.model_dump()
         arguments["slowdowns"] = tuple(arguments.pop("slowdown"))
+        arguments["profiles"] = tuple(str(p) for p in arguments.pop("profile"))
         return arguments

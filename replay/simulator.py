@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import REMOTE_STORE_ID, Namespace, ReusePlan, RouteDecision, RouteRequest
 from kvcost.data.log_rows import CandidateLog, RequestRow, requests_frame
 from kvcost.data.traces import Trace
@@ -111,12 +110,7 @@ class ClusterSimulator:
         self.record_block_events = record_block_events
         self.block_size_tokens = block_size_tokens
         self.namespace = Namespace(config.model, block_size_tokens=block_size_tokens)
-        self.step_models = {
-            gpu: StepTimeModel.for_hardware(
-                config.model, gpu, tp=config.tensor_parallel, token_budget=config.token_budget
-            )
-            for gpu in sorted(set(config.fleet))
-        }
+        self.step_models = {gpu: config.step_model(gpu) for gpu in sorted(set(config.fleet))}
         self.directory = CacheDirectory()
         if online is not None and cost_model is None:
             cost_model = TermModelSet.analytic()  # online learning starts analytic by design: no fallback warning

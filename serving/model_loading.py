@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from kvcost.core.engine_profile import EngineProfile
 from kvcost.core.hardware import GPUS, StepTimeModel
 from kvcost.core.reporting import json_safe
 from kvcost.features.spec import feature_spec_hash
@@ -50,15 +52,23 @@ class ModelStatus:
         return f"champion v{self.version}" if self.version else "champion"
 
 
-def default_step_models(model: str, tp: int = 1) -> dict[str, StepTimeModel]:
+def default_step_models(model: str, tp: int = 1, profiles: Sequence[str | Path] = ()) -> dict[str, StepTimeModel]:
     """Step-time model of ``model`` (name or ``config.json`` path) at tensor-parallel degree ``tp``
-    on every GPU type of the table (measured profiles where bundled, the roofline elsewhere)."""
+    on every GPU type of the table (measured profiles where bundled, the roofline elsewhere), plus
+    one GPU type per ``kvcost profile`` file of ``profiles``, named after it.
+
+    Raises:
+        FileNotFoundError, ValueError: a profile file that cannot be read.
+    """
     models = {}
     for gpu in GPUS.names():
         try:
             models[gpu] = StepTimeModel.for_hardware(model, gpu, tp=tp)
         except KeyError:
             _log.info("no profile of %s on %s: snapshots naming it are refused", model, gpu)
+    for path in profiles:
+        measured = EngineProfile.load(path)
+        models[measured.name] = measured.step_time_model()
     return models
 
 

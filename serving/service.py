@@ -59,7 +59,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -104,6 +103,7 @@ from kvcost.serving.schemas import (
     SnapshotIn,
 )
 from kvcost.serving.settings import ServiceSettings
+from kvcost.serving.unjoined import UnjoinedIds
 
 _log = logging.getLogger(__name__)
 
@@ -159,8 +159,7 @@ class ScoringService:
         self.routing: Routing | None = None
         self._store: LogStore | None = None
         self._writer: LogWriter | None = None
-        #: Ids of unjoined observations, newest last: None once committed, the commit's future while in it.
-        self._unjoined: OrderedDict[int, asyncio.Future | None] = OrderedDict()
+        self._unjoined = UnjoinedIds(settings.max_decisions)
         self.models = ModelManager(
             loader,
             lister,
@@ -200,7 +199,9 @@ class ScoringService:
             duckdb.Error: the log cannot be opened (e.g. another process holds it).
         """
         settings = self.settings
-        step_models = dict(self._step_models_option or default_step_models(settings.model, settings.tensor_parallel))
+        step_models = self._step_models_option or default_step_models(
+            settings.model, settings.tensor_parallel, settings.profiles
+        )
         if settings.gpu_default not in step_models:
             raise ValueError(f"gpu_default = {settings.gpu_default!r} has no step-time profile")
         self.routing = Routing(self.settings, self.directory, self.lock, step_models, self.clock)
@@ -269,7 +270,7 @@ class ScoringService:
         if rows:
             _log.info("reloaded %d decisions of earlier serve runs from %s", len(rows), self.settings.db_path)
         for request_id in read_unjoined_ids(store, self.settings.max_decisions):
-            self._remember_unjoined(request_id)
+            self._unjoined.committed(request_id)
 
     # -------------------------------------------------------------------- models
 
@@ -423,7 +424,7 @@ class ScoringService:
     async def _observe_unjoined(self, body: ObservationIn) -> ObservationResponse:
         """Record an observation without a decision in ``unjoined_observations`` (idempotent on its id)."""
         answer = ObservationResponse(request_id=body.request_id, status="unjoined", run_id=self.run_id, worker_id=None)
-        while (pending := self._unjoined.get(body.request_id, False)) is not False:
+        while (pending := self._unjoined.state(body.request_id)) is not False:
             if pending is None:  # committed before
                 self.metrics.observations.labels("duplicate").inc()
                 return answer.model_copy(update={"status": "duplicate"})
@@ -438,24 +439,18 @@ class ScoringService:
             body.e2e_s,
         )
         pending = asyncio.wrap_future(self._writer.submit(row.batch(self.run_id), urgent=True))
-        self._unjoined[body.request_id] = pending
+        self._unjoined.committing(body.request_id, pending)
         try:
             await asyncio.shield(pending)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            del self._unjoined[body.request_id]
+            self._unjoined.failed(body.request_id)
             self.metrics.observations.labels("failed").inc()
             raise LogUnavailableError(f"observation not recorded: {one_line(exc)}") from exc
-        self._remember_unjoined(body.request_id)
+        self._unjoined.committed(body.request_id)
         self.metrics.observations.labels("unjoined").inc()
         return answer
-
-    def _remember_unjoined(self, request_id: int) -> None:
-        self._unjoined[request_id] = None
-        self._unjoined.move_to_end(request_id)
-        while len(self._unjoined) > self.settings.max_decisions:
-            self._unjoined.popitem(last=False)
 
     def _count_errors(self, body: ObservationIn | MeasuredOutcome, d: DecisionRecord) -> None:
         for term, predicted in zip(TERMS_AND_TTFT, d.predicted_s, strict=True):

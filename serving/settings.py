@@ -66,6 +66,10 @@ class ServiceSettings(BaseSettings):
         "config.json (its hardware profile)",
     )
     tensor_parallel: int = Field(1, ge=1, le=64, description="GPUs per worker (tensor-parallel degree) of the model")
+    profiles: list[Path] = Field(
+        default_factory=list,
+        description="kvcost profile files: each adds a GPU type named after it (snapshots and --gpu-default use it)",
+    )
     gpu_default: str = Field("a100", description="GPU type of a worker snapshot that names none")
     block_size_tokens: int = Field(
         512, ge=1, le=MAX_BLOCK_SIZE_TOKENS, description="KV block size of a request namespace without one"

@@ -42,3 +42,16 @@ def test_bad_input_is_one_line_and_status_2(args, message):
     base.update(dict(zip(args[::2], args[1::2], strict=True)))
     result = runner.invoke(app, ["cost", *[x for pair in base.items() for x in pair]])
     assert result.exit_code == 2 and message in result.stderr
+
+
+def test_a_profile_stands_for_model_and_gpu(tmp_path):
+    from tests.core.test_engine_profile import TRUE, profile
+
+    path = profile().save(tmp_path / "cpu-tiny.json")
+    result = runner.invoke(app, ["cost", "--profile", str(path), "--prompt-tokens", "512", "--batch", "8",
+                                 "--context-tokens", "56", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout)
+    assert figures["decode_step_s"] == pytest.approx(float(TRUE.step_s(8, 0.0, 448)), rel=1e-9)
+    missing = runner.invoke(app, ["cost", "--prompt-tokens", "5"])
+    assert missing.exit_code == 2 and "expected --model and --gpu, or --profile" in missing.stderr

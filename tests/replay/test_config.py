@@ -94,3 +94,16 @@ def test_cluster_config_unknown_model_or_gpu():
     assert error(KeyError, ClusterConfig, fleet=("a100", "v100")) == (
         "\"unknown gpu 'v100'; expected one of: a100, a100-40gb, b200, h100, h100-pcie, h200, l40s, mi300x\""
     )
+
+
+def test_a_measured_profile_is_a_gpu_type_of_the_fleet(tmp_path):
+    from tests.core.test_engine_profile import profile
+
+    path = str(profile().save(tmp_path / "cpu-tiny.json"))
+    assert parse_fleet("cpu-tiny:2,a100", 3, ("cpu-tiny",)) == ("cpu-tiny", "cpu-tiny", "a100")
+    config = ClusterConfig(fleet=("cpu-tiny", "a100"), profiles=(path,), token_budget=1024)
+    measured = config.step_model("cpu-tiny")
+    assert (measured.gpu.name, measured.token_budget, measured.step_overhead_s) == ("cpu-tiny", 1024, 2e-3)
+    assert config.step_model("a100").gpu.name == "a100"
+    with pytest.raises(KeyError, match="unknown gpu 'cpu-tiny'"):
+        ClusterConfig(fleet=("cpu-tiny",))

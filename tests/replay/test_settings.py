@@ -22,6 +22,7 @@ def test_prepare_arguments_are_the_runner_keywords():
         "slowdowns": ("1:0.6@600",),
         "token_budget": 8192,
         "tensor_parallel": 1,
+        "profiles": (),
         "model": "llama-3-8b",
         "kv_capacity_blocks": None,
         "gpu_memory_utilization": 0.9,

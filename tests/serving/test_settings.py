@@ -52,3 +52,12 @@ def test_a_sqlite_store_in_a_missing_folder_is_refused_at_start(tmp_path):
     assert ServiceSettings(mlflow_uri=f"sqlite:///{tmp_path}/mlflow.db").mlflow_uri.endswith("mlflow.db")
     assert ServiceSettings(mlflow_uri="sqlite:///runs/mlflow.db").mlflow_uri == "sqlite:///runs/mlflow.db"
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_profile_file_adds_its_gpu_type_to_the_services_step_models(tmp_path):
+    from kvcost.serving.model_loading import default_step_models
+    from tests.core.test_engine_profile import profile
+
+    path = profile().save(tmp_path / "cpu-tiny.json")
+    models = default_step_models("llama-3-8b", 1, [path])
+    assert models["cpu-tiny"].step_overhead_s == 2e-3 and "h200" in models and "a100" in models
