@@ -26,7 +26,7 @@ def profile(
         str, typer.Option(help="Prefill lengths, comma-separated.")
     ] = "16,32,64,128,256,384,512,768,1024,1536",
     batches: Annotated[str, typer.Option(help="Decode batch sizes, comma-separated.")] = "1,2,4,8,12,16,24,32",
-    repeats: Annotated[int, typer.Option(help="Requests per prefill length (median kept).")] = 3,
+    repeats: Annotated[int, typer.Option(help="Requests per prefill length (median kept).")] = 5,
     decode_tokens: Annotated[int, typer.Option(help="Output tokens of each decode stream.")] = 48,
     token_budget: Annotated[int, typer.Option(help="The engine's max_num_batched_tokens.")] = 8192,
     seed: Annotated[int, typer.Option(help="Seed of the random prompts.")] = 0,

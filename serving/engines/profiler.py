@@ -3,9 +3,9 @@
 * **Round trip**: the median of ``GET /health`` (vLLM, SGLang) or ``GET /v1/models`` timings, the
   network and HTTP cost subtracted from every prefill time.
 * **Prefill**: one request at a time (no queue), ``max_tokens`` 1, a prompt of ``L`` token ids drawn
-  at random (so the prefix cache holds none of it), for each ``L`` of ``prompt_tokens``; the median
-  over ``repeats`` of wall time − round trip. The first token comes at the end of the prefill step,
-  so this is one prefill of ``L`` tokens from scratch.
+  at random (so the prefix cache holds none of it), for each ``L`` of ``prompt_tokens``; one
+  unmeasured request first, then the median over ``repeats`` of wall time − round trip. The first
+  token comes at the end of the prefill step, so this is one prefill of ``L`` tokens from scratch.
 * **Decode**: ``B`` concurrent streams of a short random prompt with ``max_tokens`` ``decode_tokens``
   and ``ignore_eos`` (vLLM and SGLang both honour it), for each ``B`` of ``batches``; the step time is
   the median over the streams of each one's time per output token after its first (the span from
@@ -13,9 +13,11 @@
   so single gaps between them mean nothing).
 
 Where the engine reports its own timers (vLLM's ``request_prefill_time_seconds`` and
-``inter_token_latency_seconds``), their means over each measurement are used instead of the
-client's clock: they leave out the HTTP server and the client, which share the CPUs with the
-engine on a small machine and are what varies most there.
+``inter_token_latency_seconds``), they are used instead of the client's clock (per request for a
+prefill, read before and after it; the mean over a decode run): they leave out the HTTP server
+and the client, which share the CPUs with the engine on a small machine and are what varies most
+there. Measured on the 2-core machine against the tiny CPU engine, the client's clock put 2–5 ms
+of HTTP and tokenization on every prefill (5.6 against 3.0 ms at 16 tokens).
 
 The points are fitted by :func:`~kvcost.core.engine_profile.fit_engine_profile`, every third point
 of each series held back to measure the fit.
@@ -65,7 +67,7 @@ class ProfilePlan:
 
     prompt_tokens: tuple[int, ...] = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536)
     batches: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32)
-    repeats: int = 3
+    repeats: int = 5
     decode_tokens: int = 48
     decode_prompt_tokens: int = 32
     token_budget: int = 8192
@@ -115,22 +117,23 @@ class EngineProfiler:
         return statistics.median(times)
 
     def prefill_s(self, client: httpx.Client, prompt_tokens: int, repeats: int, rtt_s: float) -> float:
-        """Seconds of a prefill of ``prompt_tokens`` fresh tokens: the engine's mean prefill time over
-        ``repeats`` requests where it reports one, else the median wall time less ``rtt_s``."""
+        """Seconds of a prefill of ``prompt_tokens`` fresh tokens: the median over ``repeats`` requests
+        (after one unmeasured request of that length: an engine may compile or tune a kernel on a
+        shape it has not run yet) of the engine's own prefill time where it reports one, else of
+        the wall time less ``rtt_s``."""
         body = {"model": self.served_model(client), "max_tokens": 1, "temperature": 0.0}
-        before = self.engine_timers(client)
-        times = []
+        url = f"{self.base_url}/v1/completions"
+        client.post(url, json=body | {"prompt": self._prompt(prompt_tokens)}).raise_for_status()
+        engine, wall = [], []
         for _ in range(repeats):
+            before = self.engine_timers(client)
             start = time.perf_counter()
-            response = client.post(
-                f"{self.base_url}/v1/completions", json=body | {"prompt": self._prompt(prompt_tokens)}
-            )
-            response.raise_for_status()
-            times.append(time.perf_counter() - start - rtt_s)
-        after = self.engine_timers(client) if before is not None else None
-        if after is not None and after["prefill_count"] > before["prefill_count"]:
-            return (after["prefill_sum"] - before["prefill_sum"]) / (after["prefill_count"] - before["prefill_count"])
-        return statistics.median(times)
+            client.post(url, json=body | {"prompt": self._prompt(prompt_tokens)}).raise_for_status()
+            wall.append(time.perf_counter() - start - rtt_s)
+            after = self.engine_timers(client) if before is not None else None
+            if after is not None and after["prefill_count"] == before["prefill_count"] + 1:
+                engine.append(after["prefill_sum"] - before["prefill_sum"])
+        return statistics.median(engine if len(engine) == repeats else wall)
 
     async def _stream_step_s(self, client: httpx.AsyncClient, body: dict) -> float:
         """Seconds per output token of one stream after its first: (last event − first event) ÷
@@ -210,7 +213,6 @@ class EngineProfiler:
             self.served_model(client)
             rtt_s = self.round_trip_s(client)
             blocks, block_size = self.kv_cache(client)
-            self.prefill_s(client, plan.prompt_tokens[0], 1, rtt_s)  # warm-up
             prefill = []
             for length in plan.prompt_tokens:
                 prefill.append([length, self.prefill_s(client, length, plan.repeats, rtt_s)])

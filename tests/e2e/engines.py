@@ -33,6 +33,13 @@ MAX_MODEL_LEN = 2048
 _running: set[VLLMEngine] = set()
 
 
+def build_tiny_model(out: str | Path, engine_venv: str | Path = DEFAULT_ENGINE_VENV) -> Path:
+    """Write the tiny random-weight model (``tests/e2e/tiny_model.py``) into ``out``; returns it."""
+    script = REPO / "tests" / "e2e" / "tiny_model.py"
+    subprocess.run([str(Path(engine_venv) / "bin" / "python"), str(script), str(out)], check=True)
+    return Path(out)
+
+
 def free_port() -> int:
     """An unused TCP port on 127.0.0.1 (free when returned; another process may take it later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -24,7 +24,7 @@ import pytest
 
 from kvcost.data.segments import connect_segments
 from tests.e2e.drop_proxy import DropProxy
-from tests.e2e.engines import VLLMEngine, free_port, start_all
+from tests.e2e.engines import VLLMEngine, build_tiny_model, free_port, start_all
 from tests.e2e.traffic import (
     EngineSampler,
     Result,
@@ -138,9 +138,7 @@ def workdir(tmp_path_factory) -> Path:
 def model_dir(workdir) -> Path:
     out = workdir / "tiny-model"
     with phase("build the tiny model"):
-        subprocess.run([str(ENGINE_VENV / "bin" / "python"), str(ROOT / "tests/e2e/tiny_model.py"), str(out)],
-                       check=True)  # fmt: skip
-    return out
+        return build_tiny_model(out, ENGINE_VENV)
 
 
 @pytest.fixture(scope="module")
