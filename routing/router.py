@@ -213,9 +213,8 @@ class Router:
     Served P90 bounds adapt online: when the cost model is learned, every candidate's
     calibrated P90 is multiplied by an adaptive conformal factor
     (:class:`~kvcost.calibration.adaptive_conformal.AdaptiveConformalScale`, target 90 %),
-    updated by :meth:`on_outcome` with each request's TTFT against its calibrated P90 (before the
-    factor) times the current factor (quantile tracking; why not the served bound: the class's
-    docstring), or counted as a miss as soon as a routed request has waited past that bound
+    updated by :meth:`on_outcome` with each request's TTFT against the bound served for it, or
+    counted as a miss as soon as a routed request has waited past that bound
     (:class:`~kvcost.calibration.adaptive_conformal.ServedBounds`). Split-conformal
     bounds fitted once drift with the load (kvcost issue 13 §4: a champion's 90 % bound covered
     81.7 % on the next 1,700 s of the bundled trace). P50 is unchanged; the policies rank by the
@@ -282,7 +281,6 @@ class Router:
         reusable, features, predictions, calibrated, plans, local_score, load = self._score(
             request, snapshots, matches, options
         )
-        base_p90_s = calibrated.p90_s if calibrated is not None else None
         if calibrated is not None:
             if self._records and self.settings.overdue_bounds_are_misses:
                 self.served_bounds.expire(now_s)
@@ -306,7 +304,7 @@ class Router:
         self.policy.on_routed(ctx, index)
         self._record(worker_ids[index], request.input_tokens)
         if calibrated is not None and self._records:
-            self.served_bounds.add(request.request_id, float(base_p90_s[index]), now_s)
+            self.served_bounds.add(request.request_id, float(calibrated.p90_s[index]), now_s)
         if self.in_flight is not None and self._records:
             ttl_s = max(self.settings.in_flight_min_ttl_s, IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index]))
             expires_s = now_s + ttl_s

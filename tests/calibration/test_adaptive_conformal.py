@@ -4,7 +4,12 @@ import math
 
 import pytest
 
-from kvcost.calibration.adaptive_conformal import AdaptiveConformalOffset, AdaptiveConformalScale, ServedBounds
+from kvcost.calibration.adaptive_conformal import (
+    MAX_LOG_SCALE,
+    AdaptiveConformalOffset,
+    AdaptiveConformalScale,
+    ServedBounds,
+)
 
 
 def test_offset_update_on_a_hand_computed_sequence():
@@ -52,12 +57,12 @@ def test_scale_bad_parameters_are_refused():
         AdaptiveConformalScale(step=-1)
 
 
-def test_scale_scores_a_late_outcome_against_the_current_factor():
+def test_scale_is_clipped_so_a_burst_of_late_misses_cannot_run_away():
     aci = AdaptiveConformalScale(target_miss_rate=0.1, step=0.5)
-    # two outcomes of bounds served at factor 1 (base 1 s, 1.5 s observed each)
-    assert aci.update(1.0, 1.5) is True  # θ = 0.45: the factor is now e^0.45 = 1.568
-    assert aci.update(1.0, 1.5) is False  # 1.5 s is within 1.568 s: a hit, θ = 0.45 − 0.05
-    assert aci.log_scale == pytest.approx(0.4)
+    for _ in range(1000):  # a backlog of outcomes all served with the old bound
+        aci.update(1.0, 2.0)
+    assert aci.log_scale == pytest.approx(MAX_LOG_SCALE) and aci.factor == pytest.approx(100.0)
+    assert aci.update(1.0, 0.5) is False and aci.log_scale == pytest.approx(MAX_LOG_SCALE - 0.05)
 
 
 def test_served_bounds_resolve_each_request_once():
@@ -74,13 +79,12 @@ def test_a_request_past_its_bound_is_a_miss_before_its_first_token():
     bounds.add(1, 1.0, 0.0)
     bounds.add(2, 4.0, 0.0)
     assert bounds.expire(0.5) == 0
-    assert bounds.expire(1.5) == 1  # request 1 has waited 1.5 s > 1 s: θ = 0.45
+    assert bounds.expire(1.5) == 1  # request 1 has waited 1.5 s > its 1 s bound: θ = 0.45
     assert bounds.scale.log_scale == pytest.approx(0.45) and len(bounds) == 1
     assert bounds.resolve(1, 2.0) is None  # already counted
-    # request 2 was keyed at 4 s; at 4.5 s its bound is 4 × e^0.45 = 6.27 s: re-keyed, not a miss
-    assert bounds.expire(4.5) == 0 and len(bounds) == 1
-    assert bounds.expire(6.5) == 1 and len(bounds) == 0
-    assert bounds.scale.log_scale == pytest.approx(0.9)
+    assert bounds.expire(3.9) == 0 and bounds.resolve(2, 3.0) is False  # request 2 came in time
+    assert bounds.expire(10.0) == 0 and len(bounds) == 0
+    assert bounds.scale.log_scale == pytest.approx(0.4)
 
 
 def test_served_bounds_keep_no_unbounded_request_and_forget_the_oldest():
