@@ -26,7 +26,7 @@ SERVE = SettingsTable(
         "policy",
         "model",
         "tensor_parallel",
-        "profiles",
+        "profile",
         "gpu_default",
         "block_size_tokens",
         "max_body_bytes",

@@ -200,7 +200,7 @@ class ScoringService:
         """
         settings = self.settings
         step_models = self._step_models_option or default_step_models(
-            settings.model, settings.tensor_parallel, settings.profiles
+            settings.model, settings.tensor_parallel, settings.profile
         )
         if settings.gpu_default not in step_models:
             raise ValueError(f"gpu_default = {settings.gpu_default!r} has no step-time profile")

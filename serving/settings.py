@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kvcost.core.engine_profile import EngineProfile
 from kvcost.core.hardware import GPUS, MODELS, resolve_model
 from kvcost.core.types import Namespace
 from kvcost.data.store import DEFAULT_LOG_PATH
@@ -66,9 +67,10 @@ class ServiceSettings(BaseSettings):
         "config.json (its hardware profile)",
     )
     tensor_parallel: int = Field(1, ge=1, le=64, description="GPUs per worker (tensor-parallel degree) of the model")
-    profiles: list[Path] = Field(
+    profile: list[Path] = Field(
         default_factory=list,
-        description="kvcost profile files: each adds a GPU type named after it (snapshots and --gpu-default use it)",
+        description="kvcost profile file (repeatable): adds a GPU type named after it (snapshots and --gpu-default "
+        "use it)",
     )
     gpu_default: str = Field("a100", description="GPU type of a worker snapshot that names none")
     block_size_tokens: int = Field(
@@ -256,8 +258,9 @@ class ServiceSettings(BaseSettings):
         if self.protect_reads and self.token_file is None:
             raise ValueError("protect_reads = True needs token_file (--token-file): there is no token to require")
         resolve_model(self.model)
-        if self.gpu_default not in GPUS:
-            raise ValueError(f"gpu_default = {self.gpu_default!r}, expected one of {', '.join(GPUS.names())}")
+        known = [*GPUS.names(), *(EngineProfile.load(path).name for path in self.profile)]
+        if self.gpu_default not in known:
+            raise ValueError(f"gpu_default = {self.gpu_default!r}, expected one of {', '.join(known)}")
         _check_policy(self.policy)
         if self.hash_algorithm not in HASH_ALGORITHMS:
             raise ValueError(f"hash_algorithm = {self.hash_algorithm!r}, expected one of {', '.join(HASH_ALGORITHMS)}")

@@ -61,3 +61,13 @@ def test_a_profile_file_adds_its_gpu_type_to_the_services_step_models(tmp_path):
     path = profile().save(tmp_path / "cpu-tiny.json")
     models = default_step_models("llama-3-8b", 1, [path])
     assert models["cpu-tiny"].step_overhead_s == 2e-3 and "h200" in models and "a100" in models
+
+
+def test_the_default_gpu_may_be_a_profiles(tmp_path):
+    from tests.core.test_engine_profile import profile
+
+    path = profile().save(tmp_path / "cpu-tiny.json")
+    settings = ServiceSettings(db_path=tmp_path / "log.duckdb", profile=[path], gpu_default="cpu-tiny")
+    assert settings.gpu_default == "cpu-tiny"
+    with pytest.raises(ValueError, match="gpu_default = 'cpu-tiny', expected one of a100"):
+        ServiceSettings(db_path=tmp_path / "log.duckdb", gpu_default="cpu-tiny")
