@@ -45,7 +45,8 @@ def test_bad_input_is_one_line_and_status_2(args, message):
 
 
 def test_a_profile_stands_for_model_and_gpu(tmp_path):
-    from tests.core.test_engine_profile import TRUE, profile
+    from tests.helpers import MEASURED_STEP as TRUE
+    from tests.helpers import measured_profile as profile
 
     path = profile().save(tmp_path / "cpu-tiny.json")
     result = runner.invoke(app, ["cost", "--profile", str(path), "--prompt-tokens", "512", "--batch", "8",

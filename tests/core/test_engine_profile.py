@@ -2,39 +2,12 @@
 
 import json
 
-import numpy as np
 import pytest
 
-from kvcost.core.engine_profile import EngineProfile, StepFit, attention_pairs, fit_engine_profile, relative_errors
-
-TRUE = StepFit(
-    overhead_s=2e-3, s_per_token=4e-6, weight_floor_s=1e-3, s_per_attention_pair=2e-9, s_per_context_token=5e-8
-)
-PREFILL_TOKENS = np.array([16.0, 64, 128, 256, 512, 1024, 1536])
-BATCHES = np.array([1.0, 2, 4, 8, 16, 32])
-CONTEXT = 56.0
-
-
-def measured(fit: StepFit = TRUE) -> tuple[np.ndarray, np.ndarray]:
-    prefill = np.column_stack([PREFILL_TOKENS, fit.step_s(PREFILL_TOKENS, attention_pairs(PREFILL_TOKENS), 0.0)])
-    decode = np.column_stack([BATCHES, np.full(len(BATCHES), CONTEXT), fit.step_s(BATCHES, 0.0, BATCHES * CONTEXT)])
-    return prefill, decode
-
-
-def profile(tmp_path=None) -> EngineProfile:
-    prefill, decode = measured()
-    return EngineProfile(
-        name="cpu-tiny",
-        model="llama-3-8b",
-        engine_url="http://engine",
-        rtt_s=1e-4,
-        prefill=[[*p, False] for p in prefill.tolist()],
-        decode=[[*d, False] for d in decode.tolist()],
-        fit=TRUE,
-        token_budget=2048,
-        kv_capacity_blocks=100,
-        block_size_tokens=16,
-    )
+from kvcost.core.engine_profile import EngineProfile, fit_engine_profile, relative_errors
+from tests.helpers import MEASURED_STEP as TRUE
+from tests.helpers import measured_points as measured
+from tests.helpers import measured_profile as profile
 
 
 def test_the_fit_recovers_the_step_that_made_the_points():

@@ -97,7 +97,7 @@ def test_cluster_config_unknown_model_or_gpu():
 
 
 def test_a_measured_profile_is_a_gpu_type_of_the_fleet(tmp_path):
-    from tests.core.test_engine_profile import profile
+    from tests.helpers import measured_profile as profile
 
     path = str(profile().save(tmp_path / "cpu-tiny.json"))
     assert parse_fleet("cpu-tiny:2,a100", 3, ("cpu-tiny",)) == ("cpu-tiny", "cpu-tiny", "a100")

@@ -56,7 +56,7 @@ def test_a_sqlite_store_in_a_missing_folder_is_refused_at_start(tmp_path):
 
 def test_a_profile_file_adds_its_gpu_type_to_the_services_step_models(tmp_path):
     from kvcost.serving.model_loading import default_step_models
-    from tests.core.test_engine_profile import profile
+    from tests.helpers import measured_profile as profile
 
     path = profile().save(tmp_path / "cpu-tiny.json")
     models = default_step_models("llama-3-8b", 1, [path])
@@ -64,7 +64,7 @@ def test_a_profile_file_adds_its_gpu_type_to_the_services_step_models(tmp_path):
 
 
 def test_the_default_gpu_may_be_a_profiles(tmp_path):
-    from tests.core.test_engine_profile import profile
+    from tests.helpers import measured_profile as profile
 
     path = profile().save(tmp_path / "cpu-tiny.json")
     settings = ServiceSettings(db_path=tmp_path / "log.duckdb", profile=[path], gpu_default="cpu-tiny")
