@@ -57,7 +57,7 @@ def profile(
     console.print(
         f"fit: overhead {fit.overhead_s * 1e3:.2f} ms, {fit.s_per_token * 1e6:.2f} µs a token "
         f"(floor {fit.weight_floor_s * 1e3:.2f} ms), {fit.s_per_attention_pair * 1e9:.3f} ns an attention pair, "
-        f"{fit.s_per_context_token * 1e9:.2f} ns a KV token read"
+        f"{fit.s_per_context_token * 1e9:.2f} ns a KV token read; first-token work {fit.first_token_s * 1e3:.2f} ms"
     )
     console.print(
         f"held-out error: prefill median {errors['prefill_median']:.1%} (max {errors['prefill_max']:.1%}), "

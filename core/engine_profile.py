@@ -11,7 +11,11 @@ batch of ``B``). :func:`fit_engine_profile` fits the step-time model's form to t
 the same terms :class:`~kvcost.core.hardware.StepTimeModel` composes from a GPU's profile: a fixed
 cost per step, the non-attention GEMMs (weight-read bound below ``weight_floor_s / s_per_token``
 tokens, compute bound above), causal attention over the prompt's token pairs, and the decode
-batch reading its KV. Five parameters, fitted by least squares on the log of the times (each
+batch reading its KV. A measured prefill also holds the request's first-token work once
+(sampling, the output's first detokenization: kvcost's ``F`` term), so a prefill point is
+``step_s + first_token_s`` and a decode point ``step_s``; without that sixth term the fit puts
+``F`` into every step's overhead (measured against the tiny CPU engine: held-back decode error
+47.5 % with five terms). Six parameters, fitted by least squares on the log of the times (each
 point weighs by its relative error, whatever its length), all positive.
 
 Every third point of each series is held back from the fit and reported
@@ -41,13 +45,15 @@ PROFILE_VERSION = 1
 
 @dataclass(frozen=True)
 class StepFit:
-    """The five parameters of a measured step (module docstring), seconds, all > 0."""
+    """The six parameters of a measured engine (module docstring), seconds, all > 0: five of a step
+    and ``first_token_s``, the first-token work a prefill point holds besides its step."""
 
     overhead_s: float
     s_per_token: float
     weight_floor_s: float
     s_per_attention_pair: float
     s_per_context_token: float
+    first_token_s: float = 0.0
 
     def step_s(self, num_tokens: np.ndarray, pairs: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
         """Seconds of steps of ``num_tokens`` batch tokens, ``pairs`` attention pairs, ``context_tokens`` of KV."""
@@ -169,8 +175,9 @@ def attention_pairs(prompt_tokens: np.ndarray) -> np.ndarray:
 
 
 def fit_engine_profile(prefill: np.ndarray, decode: np.ndarray) -> StepFit:
-    """Fit :class:`StepFit` to prefill points ``(L, seconds)`` (one step each: ``L`` tokens, no KV
-    read) and decode points ``(B, K, seconds)`` (``B`` tokens, ``B × K`` KV tokens read).
+    """Fit :class:`StepFit` to prefill points ``(L, seconds)`` (one step of ``L`` tokens, no KV read,
+    plus the first-token work) and decode points ``(B, K, seconds)`` (``B`` tokens, ``B × K`` KV
+    tokens read).
 
     Raises:
         ValueError: fewer than 3 prefill or 2 decode points, or a time that is not > 0.
@@ -185,19 +192,26 @@ def fit_engine_profile(prefill: np.ndarray, decode: np.ndarray) -> StepFit:
     n = np.concatenate([prefill[:, 0], decode[:, 0]])
     pairs = np.concatenate([attention_pairs(prefill[:, 0]), np.zeros(len(decode))])
     context = np.concatenate([np.zeros(len(prefill)), decode[:, 0] * decode[:, 1]])
+    is_prefill = np.arange(len(n)) < len(prefill)
     measured = np.concatenate([prefill[:, -1], decode[:, -1]])
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        return np.log(StepFit(*np.exp(theta)).step_s(n, pairs, context)) - np.log(measured)
+        fit = StepFit(*np.exp(theta))
+        return np.log(fit.step_s(n, pairs, context) + is_prefill * fit.first_token_s) - np.log(measured)
 
-    start = np.log([measured.min() / 2, measured.max() / n.max(), measured.min() / 4, 1e-9, 1e-9])
+    low = measured.min()
+    start = np.log([low / 2, measured.max() / n.max(), low / 4, 1e-9, 1e-9, low / 4])
     return StepFit(*(float(v) for v in np.exp(least_squares(residuals, start).x)))
 
 
 def relative_errors(fit: StepFit, prefill: np.ndarray, decode: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``|predicted / measured − 1|`` of prefill points ``(L, s)`` and decode points ``(B, K, s)``."""
     prefill, decode = np.asarray(prefill, dtype=np.float64), np.asarray(decode, dtype=np.float64)
-    p = fit.step_s(prefill[:, 0], attention_pairs(prefill[:, 0]), 0.0) if len(prefill) else np.zeros(0)
+    p = (
+        fit.step_s(prefill[:, 0], attention_pairs(prefill[:, 0]), 0.0) + fit.first_token_s
+        if len(prefill)
+        else np.zeros(0)
+    )
     d = fit.step_s(decode[:, 0], 0.0, decode[:, 0] * decode[:, 1]) if len(decode) else np.zeros(0)
     return (
         np.abs(p / prefill[:, -1] - 1) if len(prefill) else p,

@@ -26,7 +26,12 @@ MS_PER_TOKEN_PROFILE = OperatorProfile(
 
 #: The step a hand-made measured engine runs (kvcost.core.engine_profile.StepFit).
 MEASURED_STEP = StepFit(
-    overhead_s=2e-3, s_per_token=4e-6, weight_floor_s=1e-3, s_per_attention_pair=2e-9, s_per_context_token=5e-8
+    overhead_s=2e-3,
+    s_per_token=4e-6,
+    weight_floor_s=1e-3,
+    s_per_attention_pair=2e-9,
+    s_per_context_token=5e-8,
+    first_token_s=1e-3,
 )
 PREFILL_TOKENS = np.array([16.0, 64, 128, 256, 512, 1024, 1536])
 BATCHES = np.array([1.0, 2, 4, 8, 16, 32])
@@ -34,8 +39,10 @@ CONTEXT = 56.0
 
 
 def measured_points(fit: StepFit = MEASURED_STEP) -> tuple[np.ndarray, np.ndarray]:
-    """Prefill points ``(L, s)`` and decode points ``(B, K, s)`` that ``fit`` produces exactly."""
-    prefill = np.column_stack([PREFILL_TOKENS, fit.step_s(PREFILL_TOKENS, attention_pairs(PREFILL_TOKENS), 0.0)])
+    """Prefill points ``(L, s)`` (step + first-token work) and decode points ``(B, K, s)`` that ``fit``
+    produces exactly."""
+    prefill_s = fit.step_s(PREFILL_TOKENS, attention_pairs(PREFILL_TOKENS), 0.0) + fit.first_token_s
+    prefill = np.column_stack([PREFILL_TOKENS, prefill_s])
     decode = np.column_stack([BATCHES, np.full(len(BATCHES), CONTEXT), fit.step_s(BATCHES, 0.0, BATCHES * CONTEXT)])
     return prefill, decode
 

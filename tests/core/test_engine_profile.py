@@ -17,6 +17,7 @@ def test_the_fit_recovers_the_step_that_made_the_points():
     assert p_err.max() < 1e-6 and d_err.max() < 1e-6
     assert fit.overhead_s == pytest.approx(TRUE.overhead_s, rel=1e-3)
     assert fit.s_per_attention_pair == pytest.approx(TRUE.s_per_attention_pair, rel=1e-3)
+    assert fit.first_token_s == pytest.approx(TRUE.first_token_s, rel=1e-3)
 
 
 def test_the_step_time_model_of_a_profile_reproduces_its_fit():
