@@ -77,8 +77,9 @@ def feature_columns(
     new_blocks = np.array([blocks_to_allocate(request.input_tokens, r, block_size) for r in reuse.tolist()])
     deficit = np.where(capacity != 0, np.maximum(0.0, snap["waiting_prompt_blocks"] + new_blocks - available), 0.0)
     nominal = snap["recent_step_nominal_s"]
+    recent = _recent_step_s(snapshots, models, snap["recent_step_s"])
     with np.errstate(over="ignore"):  # a tiny nominal step gives inf, as Python's float division does
-        ratio = np.divide(snap["recent_step_s"], nominal, out=np.ones(n), where=nominal > 0)
+        ratio = np.divide(recent, nominal, out=np.ones(n), where=nominal > 0)
     block_bytes = np.array([m.model.kv_bytes_per_token * block_size for m in models], dtype=np.int64)
     load_bytes, disk_bytes, transfer_bytes, conversion = _plan_columns(plans, n, block_bytes)
     per_candidate = (uncached, reuse, deficit, load_bytes, disk_bytes, transfer_bytes, conversion)
@@ -101,7 +102,7 @@ def feature_columns(
         "decode_context_tokens": snap["decode_context_tokens"],
         "kv_usage": snap["kv_usage"],
         "idle_cached_blocks": snap["idle_cached_blocks"],
-        "recent_step_s": snap["recent_step_s"],
+        "recent_step_s": recent,
         "step_remaining_s": snap["step_remaining_s"],
         "kv_available_blocks": available,
         "kv_deficit_blocks": deficit,
@@ -116,6 +117,22 @@ def feature_columns(
         "nominal_prefill_s": prefill_s,
         "nominal_first_token_s": np.full(n, costs.first_token_s, dtype=np.float64),
     }
+
+
+def _recent_step_s(snapshots, models, measured_s: np.ndarray) -> np.ndarray:
+    """The workers' recent step time, seconds: as measured, or, where nothing was measured (0: an
+    engine that generated no token since the last scrape, a new process, a replay's first step),
+    the nominal decode step of its running batch. Why: an idle or restarted worker's 0 is a value
+    no busy worker ever shows, so a learned term reads it as an unseen regime; in the end-to-end
+    test a restarted engine's 0 made the learned prefill term predict 0.15 s against 0.02 s on the
+    busy one, and the idle engine got none of 80 requests. No news is the nominal step."""
+    if np.all(measured_s > 0):
+        return measured_s
+    fallback = [
+        model.step_s(max(1, s.running_requests), 0.0, s.decode_context_tokens) if m <= 0 else m
+        for s, model, m in zip(snapshots, models, measured_s.tolist(), strict=True)
+    ]
+    return np.array(fallback, dtype=np.float64)
 
 
 def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candidate) -> np.ndarray:

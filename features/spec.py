@@ -53,7 +53,7 @@ FEATURE_SPEC: tuple[Feature, ...] = (
     Feature("decode_context_tokens", "BIGINT", "tokens", "worker: KV tokens read per decode step"),
     Feature("kv_usage", "DOUBLE", "ratio", "worker: used KV blocks / capacity, in [0, 1]"),
     Feature("idle_cached_blocks", "BIGINT", "blocks", "worker: cached blocks with refcount 0"),
-    Feature("recent_step_s", "DOUBLE", "s", "worker: duration of its last finished step"),
+    Feature("recent_step_s", "DOUBLE", "s", "worker: duration of its last finished step (none yet: the nominal one)"),
     Feature("step_remaining_s", "DOUBLE", "s", "worker: time left in the running step"),
     Feature("kv_available_blocks", "BIGINT", "blocks", "worker: capacity minus blocks of running requests"),
     Feature("kv_deficit_blocks", "BIGINT", "blocks", "worker: queued prompt + own new blocks beyond available"),
