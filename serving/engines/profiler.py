@@ -7,8 +7,9 @@
   unmeasured request first, then the median over ``repeats`` of wall time − round trip. The first
   token comes at the end of the prefill step, so this is one prefill of ``L`` tokens from scratch.
 * **Decode**: ``B`` concurrent streams of a short random prompt with ``max_tokens`` ``decode_tokens``
-  and ``ignore_eos`` (vLLM and SGLang both honour it), for each ``B`` of ``batches``; the step time is
-  the median over the streams of each one's time per output token after its first (the span from
+  and ``ignore_eos`` (vLLM and SGLang both honour it), for each ``B`` of ``batches``, run
+  ``repeats // 2 + 1`` times (the median kept); the step time of a run is the median over the
+  streams of each one's time per output token after its first (the span from
   its first to its last streamed event over its token count: an HTTP read may carry several events,
   so single gaps between them mean nothing).
 
@@ -163,15 +164,20 @@ class EngineProfiler:
             )
         return statistics.median(steps)
 
-    def decode_step_s(self, client: httpx.Client, batch: int, decode_tokens: int, prompt_tokens: int) -> float:
-        """Seconds of a decode step of ``batch`` streams: the engine's mean inter-token latency over
-        the run where it reports one, else the client's timing of the streams."""
-        before = self.engine_timers(client)
-        client_s = asyncio.run(self._decode_step_s(batch, decode_tokens, prompt_tokens))
-        after = self.engine_timers(client) if before is not None else None
-        if after is not None and after["step_count"] > before["step_count"]:
-            return (after["step_sum"] - before["step_sum"]) / (after["step_count"] - before["step_count"])
-        return client_s
+    def decode_step_s(
+        self, client: httpx.Client, batch: int, decode_tokens: int, prompt_tokens: int, repeats: int = 3
+    ) -> float:
+        """Seconds of a decode step of ``batch`` streams: the median over ``repeats`` runs of the engine's
+        mean inter-token latency over the run where it reports one, else of the client's timing."""
+        steps = []
+        for _ in range(repeats):
+            before = self.engine_timers(client)
+            client_s = asyncio.run(self._decode_step_s(batch, decode_tokens, prompt_tokens))
+            after = self.engine_timers(client) if before is not None else None
+            if after is not None and after["step_count"] > before["step_count"]:
+                client_s = (after["step_sum"] - before["step_sum"]) / (after["step_count"] - before["step_count"])
+            steps.append(client_s)
+        return statistics.median(steps)
 
     def engine_timers(self, client: httpx.Client) -> dict[str, float] | None:
         """The engine's own cumulative timers, ``{"prefill_sum", "prefill_count", "step_sum", "step_count"}``
@@ -221,7 +227,9 @@ class EngineProfiler:
             context = plan.decode_prompt_tokens + plan.decode_tokens / 2
             decode = []
             for batch in plan.batches:
-                step_s = self.decode_step_s(client, batch, plan.decode_tokens, plan.decode_prompt_tokens)
+                step_s = self.decode_step_s(
+                    client, batch, plan.decode_tokens, plan.decode_prompt_tokens, max(1, plan.repeats // 2 + 1)
+                )
                 decode.append([batch, context, step_s])
                 if progress:
                     progress(f"decode batch {batch}: {step_s * 1e3:.2f} ms a step")
