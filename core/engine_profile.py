@@ -37,6 +37,7 @@ import numpy as np
 
 from kvcost.core.hardware import DEFAULT_ACTIVATION_RESERVE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, StepTimeModel
 from kvcost.core.profiles import OperatorProfile
+from kvcost.core.reporting import read_json
 from kvcost.core.specs import GpuSpec, resolve_model
 
 #: Format version of a profile file.
@@ -112,12 +113,7 @@ class EngineProfile:
             ValueError: not a kvcost engine profile of this version (the message says which key).
         """
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"profile {str(path)!r}: no such file, expected one written by kvcost profile")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"profile {str(path)!r}: not JSON ({err})") from err
+        data = read_json(path, "profile", "one written by kvcost profile")
         if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION:
             found = data.get("version") if isinstance(data, dict) else None
             raise ValueError(f"profile {str(path)!r}: version = {found!r}, expected {PROFILE_VERSION}")

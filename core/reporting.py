@@ -15,6 +15,21 @@ def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(json_safe(data), indent=2, sort_keys=True) + "\n")
 
 
+def read_json(path: Path, what: str, expected: str) -> Any:
+    """The parsed JSON of file ``path``.
+
+    Raises:
+        FileNotFoundError: no such file (the message names ``what``, the path and ``expected``).
+        ValueError: not JSON (the message names ``what``, the path and the parser's reason).
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {str(path)!r}: no such file, expected {expected}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what} {str(path)!r}: not JSON ({err})") from err
+
+
 def json_safe(value: Any) -> Any:
     """``value`` as plain JSON data: non-finite floats become None (JSON has no NaN), recursively.
 

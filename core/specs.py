@@ -37,6 +37,7 @@ from importlib import resources
 from pathlib import Path
 
 from kvcost.core.registry import Registry
+from kvcost.core.reporting import read_json
 
 GIB_BYTES = 2**30
 """Bytes in one GiB."""
@@ -225,12 +226,7 @@ def load_model_config(path: str | Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"model config {str(path)!r}: no such file, expected a Hugging Face config.json")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"model config {str(path)!r}: not JSON ({err})") from err
+    config = read_json(path, "model config", "a Hugging Face config.json")
     default_name = path.parent.name if path.name == "config.json" else path.stem
     return model_from_config(config, name or default_name, config.get("kvcost_profile_dir", ""))
 
