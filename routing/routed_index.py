@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 
 class RoutedPrefixIndex:
@@ -84,7 +85,7 @@ class RoutedPrefixIndex:
 
 
 class InFlightPrefixes:
-    """Prefixes routed to a worker whose blocks the directory does not yet report stored.
+    """Prefixes of routed requests that have not produced their first token yet.
 
     kvcost issue 13 §3: a family's next turn, arriving while its previous turn is
     still queued on worker A, finds nothing in the directory (it lists stored
@@ -95,30 +96,39 @@ class InFlightPrefixes:
 
     An entry is one routed chain of block hashes (prompt order) on one
     ``(namespace, worker)``, keyed by its last hash (chained hashes: the last hash
-    names the chain); routing the same chain there again only extends its expiry.
-    It leaves when :meth:`confirm` sees the directory holding it there, or when its
-    expiry time passes (:meth:`expire`). A block in the per-worker count is a
-    prefix held by some entry, so :meth:`match` is a radix-tree prefix walk.
+    names the chain), with the routed requests that carry it. Routing the same
+    chain there again adds its request and extends the expiry. A request leaves
+    with its outcome (:meth:`release`: its first token came, so it was admitted and
+    stored its prompt's blocks, which it holds while it runs); the entry leaves with
+    its last request, or when its expiry passes (:meth:`expire`: an outcome that
+    never comes, a request lost). A store the directory reports is not a release:
+    when two queued requests carry one chain, the first one's store says nothing of
+    the second, which stores the chain again if it is evicted meanwhile (measured
+    in ``make e2e``: requests that hit blocks the index had dropped on the first
+    store). A block in the per-worker count is a prefix held by some entry, so
+    :meth:`match` is a radix-tree prefix walk.
 
     Size: past ``max_blocks_per_worker`` distinct blocks on one ``(namespace, worker)``,
     the entries routed there longest ago are dropped (an entry lives seconds, so
     this binds only a flood of distinct prefixes).
 
-    Cost: :meth:`add` O(chain), :meth:`match` O(matched blocks), :meth:`confirm`
-    O(stored chain), :meth:`expire` O(log entries) per entry dropped (a heap with
-    lazy deletion), so a route stays cheap however many entries are held.
+    Cost: :meth:`add` O(chain), :meth:`match` O(matched blocks), :meth:`release`
+    O(1) while the entry keeps other requests, else O(chain), :meth:`expire`
+    O(log entries) per entry dropped (a heap with lazy deletion), so a route stays
+    cheap however many entries are held.
 
     Thread safety: not thread-safe; one owner (a router).
 
     Example:
         >>> index = InFlightPrefixes()
-        >>> index.add("ns", 0, [1, 2, 3], expires_s=5.0)
+        >>> index.add("ns", 0, [1, 2, 3], expires_s=5.0, request_id=7)
+        >>> index.add("ns", 0, [1, 2, 3], expires_s=6.0, request_id=8)
         >>> index.match("ns", [1, 2, 9], [0, 1])
         [2, 0]
-        >>> index.confirm("ns", 0, [1, 2, 3, 4])
-        1
-        >>> index.match("ns", [1, 2, 9], [0, 1])
-        [0, 0]
+        >>> index.release(7), index.match("ns", [1, 2, 9], [0, 1])
+        (True, [2, 0])
+        >>> index.release(8), index.match("ns", [1, 2, 9], [0, 1])
+        (True, [0, 0])
     """
 
     def __init__(self, max_blocks_per_worker: int = 1 << 20) -> None:
@@ -127,34 +137,62 @@ class InFlightPrefixes:
         self.max_blocks_per_worker = max_blocks_per_worker
         #: Entries dropped because their ``(namespace, worker)`` passed ``max_blocks_per_worker`` blocks.
         self.capped_entries = 0
-        # (namespace, worker) -> {last hash: (expires_s, chain)}, oldest added first; block hash -> entries holding it
-        self._entries: dict[tuple[object, int], dict[int, tuple[float, tuple[int, ...]]]] = {}
+        # (namespace, worker) -> {last hash: entry}, oldest added first; block hash -> entries holding it
+        self._entries: dict[tuple[object, int], dict[int, _InFlightEntry]] = {}
         self._counts: dict[tuple[object, int], dict[int, int]] = {}
+        self._requests: dict[int, tuple[tuple[object, int], int]] = {}  # request id -> (key, last hash)
         self._expiry: list[tuple[float, int, tuple[object, int], int]] = []  # (expires_s, seq, key, last hash)
         self._seq = 0
 
-    def add(self, namespace: object, worker_id: int, block_hashes: Sequence[int], expires_s: float) -> None:
-        """Record that a request with ``block_hashes`` was routed to ``worker_id``; forget it at ``expires_s``
-        (or later, if the same chain was routed there before with a later expiry)."""
+    def add(
+        self,
+        namespace: object,
+        worker_id: int,
+        block_hashes: Sequence[int],
+        expires_s: float,
+        request_id: int | None = None,
+    ) -> None:
+        """Record that request ``request_id`` with ``block_hashes`` was routed to ``worker_id``; forget it at
+        ``expires_s`` (or later, if the same chain was routed there before with a later expiry). A request id
+        already held is released first (ids are unique per router; a reused one names the newer request);
+        ``request_id`` None: no outcome will come, the entry leaves by its expiry only."""
         if not block_hashes:
             return
+        if request_id is not None and request_id in self._requests:
+            self.release(request_id)
         key, last = (namespace, worker_id), block_hashes[-1]
         entries = self._entries.setdefault(key, {})
-        known = entries.get(last)
-        if known is not None:
-            if expires_s <= known[0]:
-                return
-            entries[last] = (expires_s, known[1])
-        else:
-            entries[last] = (expires_s, tuple(block_hashes))
+        entry = entries.get(last)
+        if entry is None:
+            entry = entries[last] = _InFlightEntry(expires_s, tuple(block_hashes))
+            self._push(key, last, expires_s)
             counts = self._counts.setdefault(key, {})
             for block_hash in block_hashes:
                 counts[block_hash] = counts.get(block_hash, 0) + 1
             while len(counts) > self.max_blocks_per_worker and len(entries) > 1:
                 self._remove(key, next(iter(entries)))
                 self.capped_entries += 1
-        self._seq += 1
-        heapq.heappush(self._expiry, (expires_s, self._seq, key, last))
+        elif expires_s > entry.expires_s:
+            entry.expires_s = expires_s
+            self._push(key, last, expires_s)
+        if request_id is None:
+            entry.anonymous = True
+        else:
+            entry.request_ids.add(request_id)
+            self._requests[request_id] = (key, last)
+
+    def release(self, request_id: int) -> bool:
+        """Request ``request_id``'s first token came: it no longer counts (its entry leaves with its last
+        request). Returns False for an id not held (never routed here, expired, released already)."""
+        held = self._requests.pop(request_id, None)
+        if held is None:
+            return False
+        key, last = held
+        entry = self._entries[key][last]
+        entry.request_ids.discard(request_id)
+        if not entry.request_ids and not entry.anonymous:
+            self._remove(key, last)
+        return True
 
     def match(self, namespace: object, block_hashes: Sequence[int], worker_ids: Sequence[int]) -> list[int]:
         """Leading blocks of ``block_hashes`` in flight to each worker, same order as ``worker_ids``."""
@@ -167,33 +205,13 @@ class InFlightPrefixes:
             result.append(n)
         return result
 
-    def confirm(self, namespace: object, worker_id: int, stored_hashes: Sequence[int]) -> int:
-        """Drop the entries on ``worker_id`` whose blocks are all among ``stored_hashes``.
-
-        Args:
-            stored_hashes: a chain of block hashes (prompt order) the directory reports
-                stored on the worker; an entry is stored when its last hash is one of them
-                (chained hashes: its whole prefix is then stored too).
-
-        Returns:
-            Entries dropped.
-        """
-        key = (namespace, worker_id)
-        entries = self._entries.get(key)
-        if not entries:
-            return 0
-        done = [h for h in stored_hashes if h in entries]
-        for last in done:
-            self._remove(key, last)
-        return len(done)
-
     def expire(self, now_s: float) -> int:
         """Drop the entries whose expiry time is ≤ ``now_s``. Returns entries dropped."""
         dropped = 0
         while self._expiry and self._expiry[0][0] <= now_s:
             expires_s, _, key, last = heapq.heappop(self._expiry)
             entry = self._entries.get(key, {}).get(last)
-            if entry is not None and entry[0] == expires_s:  # else confirmed, or extended (a later heap item)
+            if entry is not None and entry.expires_s == expires_s:  # else released, or extended (a later heap item)
                 self._remove(key, last)
                 dropped += 1
         return dropped
@@ -202,22 +220,40 @@ class InFlightPrefixes:
         """Drop every entry on ``worker_id`` in every namespace (its engine restarted: what was sent
         to the old process will never be stored). Returns entries dropped."""
         keys = [key for key in self._entries if key[1] == worker_id]
-        dropped = sum(len(self._entries[key]) for key in keys)
+        dropped = 0
         for key in keys:
-            del self._entries[key]
-            self._counts.pop(key, None)
+            for last in list(self._entries[key]):
+                self._remove(key, last)
+                dropped += 1
         return dropped
 
     def __len__(self) -> int:
         """Entries held, all workers."""
         return sum(len(entries) for entries in self._entries.values())
 
+    def _push(self, key: tuple[object, int], last: int, expires_s: float) -> None:
+        self._seq += 1
+        heapq.heappush(self._expiry, (expires_s, self._seq, key, last))
+
     def _remove(self, key: tuple[object, int], last: int) -> None:
         entries, counts = self._entries[key], self._counts[key]
-        _, hashes = entries.pop(last)
-        for block_hash in hashes:
+        entry = entries.pop(last)
+        for request_id in entry.request_ids:
+            self._requests.pop(request_id, None)
+        for block_hash in entry.chain:
             counts[block_hash] -= 1
             if not counts[block_hash]:
                 del counts[block_hash]
         if not entries:
             del self._entries[key], self._counts[key]
+
+
+@dataclass(slots=True)
+class _InFlightEntry:
+    """One routed chain on one ``(namespace, worker)``: when it expires, its hashes, the requests carrying
+    it, and whether one was added without an id (then only its expiry removes it)."""
+
+    expires_s: float
+    chain: tuple[int, ...]
+    request_ids: set[int] = field(default_factory=set)
+    anonymous: bool = False

@@ -83,7 +83,7 @@ class RouterSettings:
             :data:`IN_FLIGHT_TTL_FACTOR` predicted TTFTs. 0 in replays (the simulated engine runs
             as its profile predicts); the service sets it (``ServiceSettings.in_flight_min_ttl_s``)
             because a live engine may run far slower than the profile of the model and GPU
-            kvcost was told, and an entry is dropped anyway once the directory reports it stored.
+            kvcost was told, and a request leaves the index anyway with its outcome (:meth:`Router.on_outcome`).
         overdue_bounds_are_misses: a routed request that has waited past its served P90 bound
             with no outcome counts as a miss of the bounds' conformal factor at the next decision
             (:class:`~kvcost.calibration.adaptive_conformal.ServedBounds`), not only when its first
@@ -307,8 +307,8 @@ class Router:
             self.served_bounds.add(request.request_id, float(calibrated.p90_s[index]), now_s)
         if self.in_flight is not None and self._records:
             ttl_s = max(self.settings.in_flight_min_ttl_s, IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index]))
-            expires_s = now_s + ttl_s
-            self.in_flight.add(namespaces[index], worker_ids[index], request.block_hashes, expires_s)
+            namespace, worker_id = namespaces[index], worker_ids[index]
+            self.in_flight.add(namespace, worker_id, request.block_hashes, now_s + ttl_s, request.request_id)
         return RouteDecision(
             request_id=request.request_id,
             worker_id=worker_ids[index],
@@ -326,9 +326,12 @@ class Router:
 
     def on_outcome(self, request_id: int, ttft_s: float, now_s: float) -> None:
         """A routed request's first token came ``ttft_s`` seconds after its arrival: update the policy
-        (:meth:`RouterPolicy.on_outcome`) and the served bounds' conformal factor (when a bound was served)."""
+        (:meth:`RouterPolicy.on_outcome`) and the served bounds' conformal factor (when a bound was served),
+        and take its prefix out of the in-flight index (it is stored, and held while the request runs)."""
         self.policy.on_outcome(request_id, ttft_s, now_s)
         self.served_bounds.resolve(request_id, ttft_s)
+        if self.in_flight is not None and self._records:
+            self.in_flight.release(request_id)
 
     # -- candidates, directory and options --------------------------------------------------------
 
@@ -359,10 +362,8 @@ class Router:
 
         Expired entries go first, and those of a worker whose engine restarted since (the
         directory cleared it); a worker whose engine does not answer (directory unknown) counts
-        none, as its directory entries count none. Then, where some of the request's prefix is
-        in flight to a candidate, that candidate's entries the directory now reports stored
-        (within the request's own matched prefix) leave the index (elsewhere no entry can be
-        confirmed by this request's chain: chained hashes).
+        none, as its directory entries count none. Requests leave the index with their outcome
+        (:meth:`on_outcome`).
         """
         if self.in_flight is None:
             return [0] * len(matches)
@@ -376,11 +377,7 @@ class Router:
             if self.directory.is_unknown(match.worker_id):
                 blocks.append(0)
                 continue
-            flying = self.in_flight.match(namespace, request.block_hashes, [match.worker_id])[0]
-            if flying and match.reusable_blocks:  # only entries within this request's chain can matter here
-                self.in_flight.confirm(namespace, match.worker_id, request.block_hashes[: match.reusable_blocks])
-                flying = self.in_flight.match(namespace, request.block_hashes, [match.worker_id])[0]
-            blocks.append(flying)
+            blocks.append(self.in_flight.match(namespace, request.block_hashes, [match.worker_id])[0])
         return blocks
 
     def _plans(

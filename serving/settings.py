@@ -168,7 +168,7 @@ class ServiceSettings(BaseSettings):
         ge=0,
         le=3600,
         description="a prefix routed to a worker counts as in flight (reusable by the next request) at least "
-        "this long unless the worker reports it stored sooner: live engines may run far slower than the profile "
+        "this long unless its request's outcome comes sooner: live engines may run far slower than the profile "
         "of --model on --gpu predicts",
     )
     kv_replay_timeout_s: float = Field(

@@ -58,8 +58,8 @@ REQUESTS = int(os.environ.get("KVCOST_E2E_REQUESTS", "400"))
 #: in-flight index explains), overall and among the chat requests. A hash that differs from vLLM's (the chat
 #: template, a salt, the last partial block) misses on every such request: 80 chat and about 57 salted of
 #: 400. What remains are timing races no directory can close: blocks evicted between the decision and the
-#: request's admission (``above``), and blocks stored by a request that left the in-flight index before a
-#: later one was admitted (``below``). Measured over 6 runs of 400: 0–3 above, 0–5 below (stop 25).
+#: request's admission (``above``). Measured over 6 runs of 400: 0–3 above; 0–5 ``below``, before in-flight
+#: entries left with their requests' first tokens rather than with the first store of their chain (stop 25).
 AGREEMENT = 0.98
 MAX_NUM_SEQS = int(os.environ.get("KVCOST_E2E_MAX_NUM_SEQS", "2"))
 #: The main run's arrival rate (open loop) is this load × the engines' capacity measured just before it

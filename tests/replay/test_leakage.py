@@ -32,8 +32,6 @@ def test_logged_features_rebuild_from_decision_time_state():
         matches = sim.directory.match(request.namespace, request.block_hashes, [s.worker_id for s in snapshots], now_s)
         in_flight = copy.deepcopy(sim.router.in_flight)
         in_flight.expire(now_s)
-        for m in matches:
-            in_flight.confirm(request.namespace, m.worker_id, request.block_hashes[: m.reusable_blocks])
         flying = [in_flight.match(request.namespace, request.block_hashes, [m.worker_id])[0] for m in matches]
         pairs = zip(matches, flying, strict=True)
         matches = [replace(m, reusable_blocks=b, tier="gpu") if b > m.reusable_blocks else m for m, b in pairs]

@@ -29,18 +29,38 @@ def test_expire_by_age():
     assert index.size_blocks(0) == 1 and index.match([3], [0]) == [1]
 
 
-def test_in_flight_prefixes_share_blocks_confirm_and_expire():
+def test_in_flight_prefixes_share_blocks_release_and_expire():
     index = InFlightPrefixes()
-    index.add("ns", 0, [1, 2, 3], expires_s=2.0)
-    index.add("ns", 0, [1, 2], expires_s=5.0)
-    index.add("other", 0, [1, 2, 3], expires_s=5.0)
+    index.add("ns", 0, [1, 2, 3], expires_s=2.0, request_id=1)
+    index.add("ns", 0, [1, 2], expires_s=5.0, request_id=2)
+    index.add("other", 0, [1, 2, 3], expires_s=5.0, request_id=3)
     assert index.match("ns", [1, 2, 3, 4], [0, 1]) == [3, 0]
-    assert index.confirm("ns", 0, [1, 2]) == 1  # [1, 2] stored; [1, 2, 3] not yet
+    assert index.release(2) and not index.release(2)  # [1, 2]'s request started; released once
     assert index.match("ns", [1, 2, 3], [0]) == [3]
     assert index.expire(2.0) == 1  # expires_s ≤ now_s
-    assert index.match("ns", [1, 2, 3], [0]) == [0]
+    assert index.match("ns", [1, 2, 3], [0]) == [0] and not index.release(1)  # expired with its entry
     assert index.match("other", [1, 2, 3], [0]) == [3]
     assert len(index) == 1
+
+
+def test_a_chain_two_queued_requests_carry_stays_until_both_have_started():
+    index = InFlightPrefixes()
+    index.add("ns", 0, [1, 2], expires_s=9.0, request_id=1)
+    index.add("ns", 0, [1, 2], expires_s=9.5, request_id=2)
+    assert len(index) == 1 and index.release(1)
+    assert index.match("ns", [1, 2], [0]) == [2]  # request 2 will store the chain again if it was evicted
+    assert index.release(2) and index.match("ns", [1, 2], [0]) == [0] and len(index) == 0
+
+
+def test_a_request_id_routed_again_names_the_newer_request_and_anonymous_entries_only_expire():
+    index = InFlightPrefixes()
+    index.add("ns", 0, [1, 2], expires_s=9.0, request_id=1)
+    index.add("ns", 1, [5], expires_s=9.0, request_id=1)  # the id again: the first routing no longer counts
+    assert index.match("ns", [1, 2], [0]) == [0] and index.match("ns", [5], [1]) == [1]
+    index.add("ns", 0, [7], expires_s=3.0)
+    index.add("ns", 0, [7], expires_s=3.0, request_id=2)
+    assert index.release(2) and index.match("ns", [7], [0]) == [1]
+    assert index.expire(3.0) == 1 and index.match("ns", [7], [0]) == [0]
 
 
 def test_forget_worker_drops_its_entries_in_every_namespace_and_expiry_skips_them():

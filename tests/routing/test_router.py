@@ -426,15 +426,17 @@ def test_a_routed_request_past_its_bound_moves_the_factor_at_the_next_decision(m
     assert router.interval.updates == 1
 
 
-def test_in_flight_entry_leaves_once_the_directory_reports_it_stored(make_router, make_snapshot):
+def test_in_flight_entry_leaves_with_its_requests_outcome_not_with_the_directorys_store(make_router, make_snapshot):
     directory = CacheDirectory()
     router = make_router(directory, count_in_flight=True)
     router.cost_model = FixedCostModel(queue_s=[0.0, 0.5], prefill_s=[0.1, 0.1])
     router.route(request(1536, [1, 2, 3]), [make_snapshot(0), make_snapshot(1)], 1.0)
-    assert router.in_flight.match(NS, [1, 2, 3], [0, 1]) == [3, 0]
-    directory.apply_stored(NS, 0, [1, 2, 3], parent_hash=None, tier="gpu", now_s=1.05)
-    router.route(request(2560, [1, 2, 3, 4, 5], 1), [make_snapshot(0), make_snapshot(1)], 1.1)
-    # turn 1's entry was confirmed and dropped; only turn 2's (blocks 1..5) remains
+    router.route(request(1536, [1, 2, 3], 1), [make_snapshot(0), make_snapshot(1)], 1.01)
+    directory.apply_stored(NS, 0, [1, 2, 3], parent_hash=None, tier="gpu", now_s=1.05)  # request 0's prefill
+    router.route(request(2560, [1, 2, 3, 4, 5], 2), [make_snapshot(0), make_snapshot(1)], 1.1)
+    assert len(router.in_flight) == 2  # request 1 is still queued with [1, 2, 3]; request 2 with [1..5]
+    router.on_outcome(0, ttft_s=0.1, now_s=1.1)
+    router.on_outcome(1, ttft_s=0.2, now_s=1.21)
     assert len(router.in_flight) == 1
     assert router.in_flight.match(NS, [1, 2, 3, 4, 5], [0]) == [5]
 
