@@ -29,6 +29,10 @@ def eviction_study(
     reuse_model: Annotated[
         str, typer.Option(help="cost_aware's P(reuse): cure (default), prior or lightgbm.")
     ] = "cure",
+    refit_every_s: Annotated[
+        float | None,
+        typer.Option(help="Refit cost_aware's cure P(reuse) on the pools' block history every S replay seconds."),
+    ] = None,
     jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = 2,
 ) -> None:
     """Every eviction policy at several what-if cache sizes: eviction.json, eviction.md, eviction.png."""
@@ -49,6 +53,7 @@ def eviction_study(
             seed=settings.seed,
             horizon_s=horizon_s,
             reuse_model=reuse_model,
+            refit_every_s=refit_every_s,
             jobs=jobs,
         )
         check_settings(study)

@@ -67,6 +67,7 @@ from kvcost.models.reuse import (
 from kvcost.models.reuse_cure import CureReuseModel
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.metrics import summarise
+from kvcost.replay.reuse_refit import ReuseRefit
 from kvcost.replay.settings import DEFAULT_RATE_SCALE, DEFAULT_TRACE
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 
@@ -98,6 +99,7 @@ class StudySettings:
     rerank_interval_s: float = DEFAULT_RERANK_INTERVAL_S
     jobs: int = 2
     reuse_model: str = "cure"
+    refit_every_s: float | None = None
 
 
 def check_settings(s: StudySettings) -> None:
@@ -118,6 +120,8 @@ def check_settings(s: StudySettings) -> None:
         raise ValueError(f"train_fraction = {s.train_fraction!r}, expected a number in (0, 1)")
     if s.horizon_s is not None and not (s.horizon_s > 0 and math.isfinite(s.horizon_s)):
         raise ValueError(f"horizon_s = {s.horizon_s!r}, expected a finite number > 0")
+    if s.refit_every_s is not None and not (s.refit_every_s > 0 and math.isfinite(s.refit_every_s)):
+        raise ValueError(f"refit_every_s = {s.refit_every_s!r}, expected a finite number of seconds > 0")
     if s.reuse_model not in REUSE_MODELS:
         raise ValueError(f"reuse_model = {s.reuse_model!r}, expected one of {', '.join(REUSE_MODELS.names())}")
     if s.workers < 1 or s.jobs < 1:
@@ -216,7 +220,10 @@ def run_policy(s: StudySettings, fraction: float, capacity_blocks: int, policy: 
         reuse_model, horizon_s = study_reuse_model(model_dir)
     context = EvictionContext(horizon_s=horizon_s, rerank_interval_s=s.rerank_interval_s, reuse_model=reuse_model)
     config = _config(s, capacity_blocks, policy, split_s(trace, s.train_fraction))
-    sim = ClusterSimulator(config, trace.block_size_tokens, eviction=context)
+    refit = None
+    if s.refit_every_s is not None and EVICTION_POLICIES.get(policy).uses_reuse_model:
+        refit = ReuseRefit(s.refit_every_s, horizon_s, next_s=split_s(trace, s.train_fraction) + s.refit_every_s)
+    sim = ClusterSimulator(config, trace.block_size_tokens, eviction=context, reuse_refit=refit)
     result = sim.run(trace)
     summary = summarise(result, s.workers)
     return {
@@ -230,6 +237,7 @@ def run_policy(s: StudySettings, fraction: float, capacity_blocks: int, policy: 
         "completed": summary["completed"],
         "rejected": summary["rejected"],
         "runtime_s": time.perf_counter() - started,
+        "reuse_refits": len(refit.refits) if refit is not None else 0,
     }
 
 

@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvcost.eviction.base import EvictionPolicy
 from kvcost.eviction.index import EvictionIndex
 from kvcost.eviction.recency import LRUPolicy
 
@@ -104,6 +105,11 @@ class BlockPool:
     def eviction_policy(self) -> str:
         """Name of the eviction policy (without an index: ``lru``, which the pool runs natively)."""
         return LRUPolicy.name if self._index is None else self._index.policy.name
+
+    @property
+    def ranking_policy(self) -> EvictionPolicy | None:
+        """The policy object the pool's eviction index ranks with (None for ``lru``, run natively)."""
+        return None if self._index is None else self._index.policy
 
     # -- queries -----------------------------------------------------------------
     @property

@@ -31,6 +31,7 @@ from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.kv_cache import BLOCK_EVENT_COLUMNS, BlockPool
 from kvcost.replay.online import NO_UNCHOSEN, CompletedRequest, OnlineLearner, OnlineSettings
+from kvcost.replay.reuse_refit import ReuseRefit
 from kvcost.replay.sim_request import SimRequest
 from kvcost.replay.tiers import TierCache, WorkerTiers
 from kvcost.replay.worker import SimWorker, WorkerTruth
@@ -94,6 +95,8 @@ class ClusterSimulator:
         eviction: settings of ``config.eviction_policy`` (horizon, re-rank interval, reuse model);
             None = defaults. Block costs come from the router's cost model at construction.
         record_block_events: keep every pool's block access history (``ReplayResult.block_events``).
+        reuse_refit: refit ``cost_aware`` eviction's P(reuse) on that history on a schedule
+            (:class:`~kvcost.replay.reuse_refit.ReuseRefit`; the pools then keep their history).
     """
 
     def __init__(
@@ -104,10 +107,12 @@ class ClusterSimulator:
         online: OnlineSettings | None = None,
         eviction: EvictionContext | None = None,
         record_block_events: bool = False,
+        reuse_refit: ReuseRefit | None = None,
     ) -> None:
         self.config = config
         self.eviction = eviction
         self.record_block_events = record_block_events
+        self.reuse_refit = reuse_refit
         self.block_size_tokens = block_size_tokens
         self.namespace = Namespace(config.model, block_size_tokens=block_size_tokens)
         self.step_models = {gpu: config.step_model(gpu) for gpu in sorted(set(config.fleet))}
@@ -142,7 +147,8 @@ class ClusterSimulator:
         if needs_index(self.config.eviction_policy):
             costs = block_cost_table(self.router.cost_model, step_model, self.block_size_tokens)
             index = make_eviction_index(self.config.eviction_policy, self.eviction, costs, capacity_blocks)
-        pool = BlockPool(capacity_blocks, self.config.cache_enabled, index, self.record_block_events)
+        history = self.record_block_events or self.reuse_refit is not None
+        pool = BlockPool(capacity_blocks, self.config.cache_enabled, index, history)
         tiers = None
         if self.config.tiers is not None and self.config.cache_enabled:
             tiers = WorkerTiers(self.config.tiers, step_model.model.kv_bytes_per_token * self.block_size_tokens)
@@ -182,6 +188,9 @@ class ClusterSimulator:
                     progress(len(done))
                 self._start(worker, now, steps)
             else:
+                if self.reuse_refit is not None:
+                    policies = [w.pool.ranking_policy for w in self.workers if w.pool.ranking_policy is not None]
+                    self.reuse_refit.maybe_refit(t_arrival, lambda: _block_events(self.workers), policies)
                 if self.online is not None:
                     model_set = self.online.maybe_retrain(log.observed, t_arrival, self.router.policy)
                     if model_set is not None:
