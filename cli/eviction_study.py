@@ -13,7 +13,7 @@ from rich.table import Table
 from kvcost.cli.common import PROGRESS_COLUMNS, console, guard
 from kvcost.cli.options import with_settings
 from kvcost.cli.tables import EVICTION_STUDY
-from kvcost.replay.settings import ReplaySettings
+from kvcost.replay.settings import DEFAULT_REFIT_EVERY_S, ReplaySettings
 
 
 @with_settings(EVICTION_STUDY)
@@ -30,9 +30,11 @@ def eviction_study(
         str, typer.Option(help="cost_aware's P(reuse): cure (default), prior or lightgbm.")
     ] = "cure",
     refit_every_s: Annotated[
-        float | None,
-        typer.Option(help="Refit cost_aware's cure P(reuse) on the pools' block history every S replay seconds."),
-    ] = None,
+        float,
+        typer.Option(
+            help="Refit cost_aware's cure P(reuse) on the pools' block history every S replay seconds (0: never)."
+        ),
+    ] = DEFAULT_REFIT_EVERY_S,
     jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = 2,
 ) -> None:
     """Every eviction policy at several what-if cache sizes: eviction.json, eviction.md, eviction.png."""
@@ -53,7 +55,7 @@ def eviction_study(
             seed=settings.seed,
             horizon_s=horizon_s,
             reuse_model=reuse_model,
-            refit_every_s=refit_every_s,
+            refit_every_s=refit_every_s or None,
             jobs=jobs,
         )
         check_settings(study)

@@ -68,7 +68,7 @@ from kvcost.models.reuse_cure import CureReuseModel
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.metrics import summarise
 from kvcost.replay.reuse_refit import ReuseRefit
-from kvcost.replay.settings import DEFAULT_RATE_SCALE, DEFAULT_TRACE
+from kvcost.replay.settings import DEFAULT_RATE_SCALE, DEFAULT_REFIT_EVERY_S, DEFAULT_TRACE
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 
 #: Policies in report order.
@@ -99,7 +99,7 @@ class StudySettings:
     rerank_interval_s: float = DEFAULT_RERANK_INTERVAL_S
     jobs: int = 2
     reuse_model: str = "cure"
-    refit_every_s: float | None = None
+    refit_every_s: float | None = DEFAULT_REFIT_EVERY_S
 
 
 def check_settings(s: StudySettings) -> None:
