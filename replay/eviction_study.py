@@ -221,7 +221,7 @@ def run_policy(s: StudySettings, fraction: float, capacity_blocks: int, policy: 
     context = EvictionContext(horizon_s=horizon_s, rerank_interval_s=s.rerank_interval_s, reuse_model=reuse_model)
     config = _config(s, capacity_blocks, policy, split_s(trace, s.train_fraction))
     refit = None
-    if s.refit_every_s is not None and EVICTION_POLICIES.get(policy).uses_reuse_model:
+    if s.refit_every_s is not None and s.reuse_model == "cure" and EVICTION_POLICIES.get(policy).uses_reuse_model:
         refit = ReuseRefit(s.refit_every_s, horizon_s, next_s=split_s(trace, s.train_fraction) + s.refit_every_s)
     sim = ClusterSimulator(config, trace.block_size_tokens, eviction=context, reuse_refit=refit)
     result = sim.run(trace)
