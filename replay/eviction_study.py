@@ -166,7 +166,7 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
     sim = ClusterSimulator(_config(s, capacity_blocks, "lru", 0.0), trace.block_size_tokens, record_block_events=True)
     events = _through_the_log(sim.run(head).block_events, model_dir / BLOCK_EVENTS_DB)
     measured_h = characteristic_time_s(events)
-    horizon_s = s.horizon_s or (measured_h if math.isfinite(measured_h) else cut_s)
+    horizon_s = study_horizon_s(s.horizon_s, measured_h, cut_s)
     size_bytes = trace.block_size_tokens * sim.step_models["a100"].model.kv_bytes_per_token
     frame = reuse_training_frame(events, horizon_s, size_bytes, seed=s.seed, end_s=cut_s)
     (model_dir / "horizon_s.txt").write_text(f"{horizon_s!r}\n")
@@ -183,6 +183,15 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
         "cure_params": fitted.params if isinstance(fitted, CureReuseModel) else None,
         "block_events": int(len(events)),
     }
+
+
+def study_horizon_s(given_s: float | None, measured_s: float, training_s: float) -> float:
+    """H of ``cost_aware``: the one given, else the training log's characteristic time, else the training
+    part's length. A characteristic time that is not > 0 (nothing evicted: NaN; a pool so small that most
+    blocks are evicted the instant they turn idle: 0, as on ``gen:mix`` at 5 %) measures no survival time."""
+    if given_s is not None:
+        return given_s
+    return measured_s if measured_s > 0 and math.isfinite(measured_s) else training_s
 
 
 def _through_the_log(events: pd.DataFrame, db: Path) -> pd.DataFrame:

@@ -9,7 +9,13 @@ from typer.testing import CliRunner
 from kvcost.cli import app
 from kvcost.data.store import LogStore
 from kvcost.models.reuse_cure import CureReuseModel
-from kvcost.replay.eviction_study import StudySettings, check_settings, run_study, study_reuse_model
+from kvcost.replay.eviction_study import (
+    StudySettings,
+    check_settings,
+    run_study,
+    study_horizon_s,
+    study_reuse_model,
+)
 
 runner = CliRunner()
 
@@ -68,6 +74,16 @@ def test_the_study_fits_the_cure_model_by_default_and_cost_aware_loads_what_was_
     assert (folder / "cure.json").exists()
     with LogStore(folder / "block_events.duckdb").open() as store:  # the model was fitted on the DuckDB log
         assert len(store.read_block_events("train")) == training["block_events"] > 0
+
+
+@pytest.mark.parametrize(
+    ("given_s", "measured_s", "expected_s"),
+    [(50.0, 20.0, 50.0), (None, 20.0, 20.0), (None, 0.0, 900.0), (None, float("nan"), 900.0)],
+)
+def test_the_horizon_is_the_given_one_else_a_positive_characteristic_time_else_the_training_part(
+    given_s, measured_s, expected_s
+):
+    assert study_horizon_s(given_s, measured_s, training_s=900.0) == expected_s
 
 
 @pytest.mark.bench
