@@ -122,15 +122,29 @@ def feature_columns(
 def _recent_step_s(snapshots, models, measured_s: np.ndarray) -> np.ndarray:
     """The workers' recent step time, seconds: as measured, or, where nothing was measured (0: an
     engine that generated no token since the last scrape, a new process, a replay's first step),
-    the nominal decode step of its running batch. Why: an idle or restarted worker's 0 is a value
-    no busy worker ever shows, so a learned term reads it as an unseen regime; in the end-to-end
-    test a restarted engine's 0 made the learned prefill term predict 0.15 s against 0.02 s on the
-    busy one, and the idle engine got none of 80 requests. No news is the nominal step."""
+    the nominal decode step of its running batch × the median measured ÷ nominal step of the
+    measured workers of its GPU type (1 when none is measured).
+
+    Why: an idle or restarted worker's 0 is a value no busy worker ever shows, so a learned term
+    reads it as an unseen regime; in the end-to-end test a restarted engine's 0 made the learned
+    prefill term predict 0.15 s against 0.02 s on the busy one, and the idle engine got none of 80
+    requests. The nominal step alone was not enough there: the CPU engine's measured steps were
+    a third of its profile's (4.4 against 13.8 ms), so the restarted worker again looked slower
+    than any measured one and got none of 80 (stop 25). Its peers' ratio carries what the
+    profile gets wrong about that GPU type, and holds wherever workers of one type run alike."""
     if np.all(measured_s > 0):
         return measured_s
+    nominal = [
+        model.step_s(max(1, s.running_requests), 0.0, s.decode_context_tokens)
+        for s, model in zip(snapshots, models, strict=True)
+    ]
+    ratios: dict[str, list[float]] = {}
+    for s, m, n in zip(snapshots, measured_s.tolist(), nominal, strict=True):
+        if m > 0 and n > 0:
+            ratios.setdefault(s.gpu, []).append(m / n)
     fallback = [
-        model.step_s(max(1, s.running_requests), 0.0, s.decode_context_tokens) if m <= 0 else m
-        for s, model, m in zip(snapshots, models, measured_s.tolist(), strict=True)
+        m if m > 0 else n * (float(np.median(ratios[s.gpu])) if s.gpu in ratios else 1.0)
+        for s, m, n in zip(snapshots, measured_s.tolist(), nominal, strict=True)
     ]
     return np.array(fallback, dtype=np.float64)
 

@@ -66,7 +66,9 @@ def test_shape_and_exact_columns(case):
         "decode_context_tokens": [1000, 0],
         "kv_usage": [0.25, 0.0],
         "idle_cached_blocks": [7, 0],
-        "recent_step_s": [0.02, 0.001001],  # idle worker: none measured, the nominal 1-token step (1 µs + 1 ms)
+        # idle worker: none measured, its nominal 1-token step (1 µs + 1 ms) × the busy one's measured ÷ nominal
+        # step (0.02 s ÷ (2 × 1 µs + 1 ms + 1000 context × 1 µs)): 0.001001 × 0.02 / 0.002002
+        "recent_step_s": [0.02, 0.01],
         "step_remaining_s": [0.005, 0.0],
         "kv_available_blocks": [6, 0],  # 8 − round(0.25 × 8); unknown capacity → 0
         "kv_deficit_blocks": [1, 0],  # 5 queued + 2 own new (3 prompt blocks, 1 reused) − 6 available
