@@ -345,7 +345,7 @@ class Routing:
         Raises:
             FieldError: unknown GPU type (at ``loc + ("gpu",)``).
         """
-        gpu = body.gpu or self.settings.gpu_default
+        gpu = body.gpu if body.gpu is not None else self.settings.gpu_default  # "" is not a GPU type
         if gpu not in self.step_models:
             raise FieldError((*loc, "gpu"), f"gpu = {gpu!r}, expected one of {', '.join(sorted(self.step_models))}")
         return WorkerSnapshot(

@@ -283,6 +283,8 @@ def test_service_level_input_errors_are_422_naming_the_field(client):
     )
     response = client.post("/v1/workers/1/snapshot", json={"gpu": "tpu"}, headers=AUTH)
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "gpu"]
+    response = client.post("/v1/workers/1/snapshot", json={"gpu": ""}, headers=AUTH)  # not the default's null
+    assert response.status_code == 422 and response.json()["detail"][0]["msg"].startswith("gpu = '', expected one of")
     response = client.post("/v1/workers/-1/snapshot", json={}, headers=AUTH)
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["path", "worker_id"]
 
