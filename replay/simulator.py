@@ -188,7 +188,7 @@ class ClusterSimulator:
                     progress(len(done))
                 self._start(worker, now, steps)
             else:
-                if self.reuse_refit is not None:
+                if self.reuse_refit is not None and t_arrival >= self.reuse_refit.next_s:
                     policies = [w.pool.ranking_policy for w in self.workers if w.pool.ranking_policy is not None]
                     self.reuse_refit.maybe_refit(t_arrival, lambda: _block_events(self.workers), policies)
                 if self.online is not None:
