@@ -11,6 +11,7 @@ their shared prefixes are shared text.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import re
@@ -174,15 +175,29 @@ def _int_header(response: httpx.Response, name: str) -> int | None:
 
 
 async def send_open_loop(
-    base_url: str, all_specs: list[Spec], rate_per_s: float, headers: dict[str, str] | None = None, id_prefix="e2e"
+    base_url: str,
+    all_specs: list[Spec],
+    rate_per_s: float,
+    headers: dict[str, str] | None = None,
+    id_prefix="e2e",
+    poisson_seed: int | None = None,
 ) -> list[Result]:
-    """Send ``all_specs`` at a fixed arrival rate (open loop: arrivals do not wait for answers)."""
+    """Send ``all_specs`` at ``rate_per_s`` (open loop: arrivals do not wait for answers).
+
+    Arrivals are evenly spaced, or a Poisson process seeded by ``poisson_seed`` (exponential gaps of mean
+    1 / ``rate_per_s``), as vLLM's ``benchmark_serving`` sends at a request rate: its bursts queue
+    requests in every engine even when the router's split leaves one engine below its capacity on average.
+    """
+    offsets_s = [i / rate_per_s for i in range(len(all_specs))]
+    if poisson_seed is not None:
+        rng = random.Random(poisson_seed)
+        offsets_s = list(itertools.accumulate((rng.expovariate(rate_per_s) for _ in all_specs[1:]), initial=0.0))
     limits = httpx.Limits(max_connections=None, keepalive_expiry=2.0)  # below the server's 5 s keep-alive
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
         tasks = []
         start = time.perf_counter()
-        for i, spec in enumerate(all_specs):
-            delay = start + i / rate_per_s - time.perf_counter()
+        for offset_s, spec in zip(offsets_s, all_specs, strict=True):
+            delay = start + offset_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(send(client, base_url, spec, headers or {}, id_prefix)))
