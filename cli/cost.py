@@ -30,12 +30,13 @@ def cost_figures(
     ``decode_step_s``: one step of ``batch`` sequences decoding one token each, each with
     ``context_tokens`` of KV (the time per output token of that batch).
 
-    With ``profile`` (a ``kvcost profile`` file) the measured engine's step-time model is used and
-    ``model``, ``gpu`` and ``tp`` are not.
+    With ``profile`` (a ``kvcost profile`` file) the measured engine's step-time model is used;
+    ``model`` and ``gpu`` must then be None and ``tp`` 1 (the engine fixes them).
 
     Raises:
         ValueError: a count out of range (the message names it), an unknown model or GPU, a
-            ``tp`` that does not divide the attention heads, or neither a profile nor a model and GPU.
+            ``tp`` that does not divide the attention heads, neither a profile nor a model and GPU,
+            or a profile with a model, GPU or ``tp``.
         FileNotFoundError: no such profile file.
     """
     for name, value, low in (
@@ -48,9 +49,14 @@ def cost_figures(
         if value < low:
             raise ValueError(f"{name} = {value}, expected an integer ≥ {low}")
     if profile is not None:
+        given = [f"--{name} = {value!r}" for name, value in (("model", model), ("gpu", gpu)) if value is not None]
+        if given or tp != 1:
+            given += [f"--tp = {tp}"] if tp != 1 else []
+            raise ValueError(f"{', '.join(given)} with --profile, expected none: the profile's engine fixes them")
         step_model = EngineProfile.load(profile).step_time_model()
     elif model is None or gpu is None:
-        raise ValueError("model = None, expected --model and --gpu, or --profile")
+        missing = "model" if model is None else "gpu"
+        raise ValueError(f"{missing} = None, expected --model and --gpu, or --profile")
     else:
         step_model = StepTimeModel.for_hardware(model, gpu, tp=tp)
     figures = {
@@ -58,6 +64,31 @@ def cost_figures(
         "decode_step_s": step_model.step_s(batch, 0.0, batch * context_tokens),
     }
     return figures, step_model
+
+
+def memory_warnings(step_model: StepTimeModel, batch: int, context_tokens: int) -> list[str]:
+    """What does not fit in one GPU's memory at the model's tensor-parallel degree, one line each (empty if all fits).
+
+    Per GPU: the weights ÷ ``tp`` (:attr:`ModelSpec.weight_bytes`), then with the KV of ``batch``
+    sequences of ``context_tokens`` ÷ ``tp`` (:attr:`ModelSpec.kv_bytes_per_token`), against the GPU's
+    memory (:attr:`GpuSpec.memory_bytes`; nothing is said for a GPU without one, e.g. a profiled engine).
+    The figures are still printed: they are what such a step would take if it ran.
+    """
+    capacity = step_model.gpu.memory_bytes
+    if capacity <= 0:
+        return []
+    tp, model = step_model.tp, step_model.model
+    weights = model.weight_bytes / tp
+    kv = batch * context_tokens * model.kv_bytes_per_token / tp
+    where = f"one {step_model.gpu.name}'s {capacity / 2**30:.0f} GiB at tp {tp}"
+    if weights > capacity:
+        return [f"warning: {model.name}'s weights need {weights / 2**30:.0f} GiB a GPU, more than {where}"]
+    if weights + kv > capacity:
+        return [
+            f"warning: the weights and the KV of {batch} × {context_tokens} tokens need "
+            f"{(weights + kv) / 2**30:.0f} GiB a GPU, more than {where}"
+        ]
+    return []
 
 
 def cost(
@@ -83,6 +114,8 @@ def cost(
             err_console.print(
                 f"warning: {what} of {tokens} tokens is past {step_model.model.name}'s max_position_embeddings {limit}"
             )
+    for line in memory_warnings(step_model, batch, context_tokens):
+        err_console.print(line)
     if as_json:
         print(json.dumps(figures))
         return

@@ -169,7 +169,7 @@ class ModelSpec:
         return self.num_experts > 0
 
 
-def model_from_config(config: Mapping, name: str, profile_dir: str = "") -> ModelSpec:
+def model_from_config(config: Mapping, name: str, profile_dir: str | None = None) -> ModelSpec:
     """A :class:`ModelSpec` from a parsed Hugging Face ``config.json``.
 
     Reads ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``
@@ -178,28 +178,34 @@ def model_from_config(config: Mapping, name: str, profile_dir: str = "") -> Mode
     experts ``num_experts`` / ``num_local_experts`` / ``n_routed_experts``, ``num_experts_per_tok``
     and ``moe_intermediate_size`` (default ``intermediate_size``); ``max_position_embeddings`` and
     ``tie_word_embeddings``. A multimodal config's ``text_config`` is read instead when present.
+    ``profile_dir`` None: the config's own ``kvcost_profile_dir`` (bundled configs name their Vidur
+    profiles there), else none.
 
     Raises:
-        ValueError: a required key is missing or not a positive integer, or the dtype is unknown
-            (the message names the key, the value and the model).
+        ValueError: the config is not a JSON object, a required key is missing or not a positive
+            integer, or the dtype is unknown (the message names the key, the value and the model).
     """
+    if not isinstance(config, Mapping):
+        raise ValueError(f"model {name!r}: config is a {type(config).__name__}, expected a JSON object")
+    if profile_dir is None:
+        profile_dir = config.get("kvcost_profile_dir", "")
     config = config.get("text_config", config)
 
-    def integer(key: str, default: int | None = None) -> int:
+    def integer(key: str, default: int | None = None, low: int = 0) -> int:
         value = config.get(key, default)
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-            raise ValueError(f"model {name!r}: config {key} = {value!r}, expected a non-negative integer")
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+            raise ValueError(f"model {name!r}: config {key} = {value!r}, expected an integer ≥ {low}")
         return value
 
-    heads = integer("num_attention_heads")
-    hidden = integer("hidden_size")
+    heads = integer("num_attention_heads", low=1)
+    hidden = integer("hidden_size", low=1)
     dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"model {name!r}: config torch_dtype = {dtype!r}, expected one of {sorted(DTYPE_BYTES)}")
     experts = next((integer(k) for k in ("num_experts", "num_local_experts", "n_routed_experts") if k in config), 0)
     return ModelSpec(
         name=name,
-        num_layers=integer("num_hidden_layers"),
+        num_layers=integer("num_hidden_layers", low=1),
         num_q_heads=heads,
         num_kv_heads=integer("num_key_value_heads", heads),
         head_dim=integer("head_dim") if config.get("head_dim") is not None else hidden // max(heads, 1),
@@ -228,7 +234,7 @@ def load_model_config(path: str | Path, name: str | None = None) -> ModelSpec:
         path = path / "config.json"
     config = read_json(path, "model config", "a Hugging Face config.json")
     default_name = path.parent.name if path.name == "config.json" else path.stem
-    return model_from_config(config, name or default_name, config.get("kvcost_profile_dir", ""))
+    return model_from_config(config, name or default_name)
 
 
 def _bundled_configs() -> Registry[ModelSpec]:
@@ -239,7 +245,7 @@ def _bundled_configs() -> Registry[ModelSpec]:
         if entry.name.endswith(".json"):
             name = entry.name.removesuffix(".json")
             config = json.loads(entry.read_text())
-            registry.add(name, model_from_config(config, name, config.get("kvcost_profile_dir", "")))
+            registry.add(name, model_from_config(config, name))
     return registry
 
 

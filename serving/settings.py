@@ -69,7 +69,7 @@ class ServiceSettings(BaseSettings):
     tensor_parallel: int = Field(1, ge=1, le=64, description="GPUs per worker (tensor-parallel degree) of the model")
     profile: list[Path] = Field(
         default_factory=list,
-        description="kvcost profile file (repeatable): adds a GPU type named after it (snapshots and --gpu-default "
+        description="kvcost profile file (repeatable): adds a GPU type named after it (snapshots and --gpu "
         "use it)",
     )
     gpu_default: str = Field("a100", description="GPU type of a worker snapshot that names none")

@@ -35,12 +35,13 @@ def test_a_config_path_works_and_a_long_prompt_is_warned_not_refused(tmp_path):
         (["--gpu", "v100"], "unknown gpu 'v100'"),
         (["--prompt-tokens", "0"], "--prompt-tokens = 0, expected an integer ≥ 1"),
         (["--tp", "3"], "tp = 3: expected an integer >= 1 dividing the 32 attention heads"),
+        (["--gpu", None], "--gpu = None, expected --model and --gpu, or --profile"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(args, message):
     base = {"--model": "llama-3-8b", "--gpu": "a100", "--prompt-tokens": "10"}
     base.update(dict(zip(args[::2], args[1::2], strict=True)))
-    result = runner.invoke(app, ["cost", *[x for pair in base.items() for x in pair]])
+    result = runner.invoke(app, ["cost", *[x for pair in base.items() if pair[1] is not None for x in pair]])
     assert result.exit_code == 2 and message in result.stderr
 
 
@@ -56,3 +57,33 @@ def test_a_profile_stands_for_model_and_gpu(tmp_path):
     assert figures["decode_step_s"] == pytest.approx(float(TRUE.step_s(8, 0.0, 448)), rel=1e-9)
     missing = runner.invoke(app, ["cost", "--prompt-tokens", "5"])
     assert missing.exit_code == 2 and "expected --model and --gpu, or --profile" in missing.stderr
+
+
+def test_a_config_that_is_not_an_object_or_has_a_zero_width_is_refused_by_name(tmp_path):
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "zero.json").write_text(
+        json.dumps({"num_hidden_layers": 2, "hidden_size": 0, "num_attention_heads": 4})
+    )
+    for name, message in (("list", "config is a list, expected a JSON object"),
+                          ("zero", "config hidden_size = 0, expected an integer ≥ 1")):  # fmt: skip
+        result = runner.invoke(app, ["cost", "--model", str(tmp_path / f"{name}.json"), "--gpu", "a100",
+                                     "--prompt-tokens", "10"])  # fmt: skip
+        assert result.exit_code == 2 and message in result.stderr, result.output
+
+
+def test_a_profile_with_a_model_gpu_or_tp_is_refused_and_what_does_not_fit_is_warned(tmp_path):
+    from tests.helpers import measured_profile as profile
+
+    path = str(profile().save(tmp_path / "cpu-tiny.json"))
+    both = runner.invoke(app, ["cost", "--profile", path, "--gpu", "h100", "--tp", "2", "--prompt-tokens", "5"])
+    assert both.exit_code == 2
+    assert "--gpu = 'h100', --tp = 2 with --profile, expected none: the profile's engine fixes them" in both.stderr
+    big = runner.invoke(app, ["cost", "--model", "llama-3.1-405b", "--gpu", "a100", "--prompt-tokens", "5", "--json"])
+    assert (
+        big.exit_code == 0 and "llama-3.1-405b's weights need 756 GiB a GPU, more than one a100's 80 GiB" in big.stderr
+    )
+    kv = runner.invoke(app, ["cost", "--model", "llama-3.1-8b", "--gpu", "h100", "--batch", "32",
+                             "--context-tokens", "131072", "--prompt-tokens", "5"])  # fmt: skip
+    assert "the weights and the KV of 32 × 131072 tokens need 527 GiB a GPU, more than one h100's" in kv.stderr
+    fits = runner.invoke(app, ["cost", "--model", "llama-3-8b", "--gpu", "a100", "--prompt-tokens", "5"])
+    assert "warning" not in fits.stderr

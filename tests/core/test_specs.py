@@ -64,8 +64,10 @@ def test_shipped_configs_match_the_published_parameter_counts():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"num_hidden_layers": None}, r"config num_hidden_layers = None, expected a non-negative integer"),
-        ({"hidden_size": -8}, r"config hidden_size = -8, expected a non-negative integer"),
+        ({"num_hidden_layers": None}, r"config num_hidden_layers = None, expected an integer ≥ 1"),
+        ({"hidden_size": -8}, r"config hidden_size = -8, expected an integer ≥ 1"),
+        ({"num_attention_heads": 0}, r"config num_attention_heads = 0, expected an integer ≥ 1"),
+        ({"vocab_size": -1}, r"config vocab_size = -1, expected an integer ≥ 0"),
         ({"torch_dtype": "int4"}, r"config torch_dtype = 'int4', expected one of"),
         (
             {"num_experts": 4, "num_experts_per_tok": 5},
