@@ -124,20 +124,56 @@ def derived_profile(
 
 def profile_for(model: ModelSpec, gpu: GpuSpec, tp: int = 1) -> OperatorProfile | None:
     """The bundled profile of ``model`` on ``gpu`` at tensor-parallel degree ``tp``, derived per
-    :data:`DERIVED_PROFILES` (degree 1), or None where nothing is measured (the roofline then
-    gives every point)."""
-    key = (gpu.name, model.profile_dir)
+    :data:`DERIVED_PROFILES` (degree 1); for a GPU measured on nothing, the profile of the GPU that
+    stands for it (``gpu.profile_of``) scaled by their rooflines (:func:`roofline_scaled_profile`);
+    or None where nothing is measured (the roofline then gives every point)."""
+    measured = _measured_profile(model, gpu.name, tp)
+    if measured is not None or not gpu.profile_of or gpu.profile_of == gpu.name:
+        return measured
+    reference_gpu = GPUS.get(gpu.profile_of)
+    reference = profile_for(model, reference_gpu, tp)
+    return None if reference is None else roofline_scaled_profile(reference, model, gpu, reference_gpu, tp)
+
+
+def _measured_profile(model: ModelSpec, gpu_name: str, tp: int) -> OperatorProfile | None:
+    """The bundled profile of ``model`` measured (or derived per :data:`DERIVED_PROFILES`) on ``gpu_name``."""
+    key = (gpu_name, model.profile_dir)
     try:
         if key in DERIVED_PROFILES and tp == 1:
             base_gpu, reference_dir = DERIVED_PROFILES[key]
             return derived_profile(
                 load_vidur_profile(base_gpu, model.profile_dir),
                 load_vidur_profile(base_gpu, reference_dir),
-                load_vidur_profile(gpu.name, reference_dir),
+                load_vidur_profile(gpu_name, reference_dir),
             )
-        return load_vidur_profile(gpu.name, model.profile_dir, tp) if model.profile_dir else None
+        return load_vidur_profile(gpu_name, model.profile_dir, tp) if model.profile_dir else None
     except KeyError:
         return None
+
+
+def roofline_scaled_profile(
+    reference: OperatorProfile, model: ModelSpec, gpu: GpuSpec, reference_gpu: GpuSpec, tp: int
+) -> OperatorProfile:
+    """``reference`` (measured on ``reference_gpu``) moved to ``gpu``: at each measured token count n,
+    ``per_layer_s`` and ``once_s`` × roofline(gpu, n) / roofline(reference_gpu, n).
+
+    Why not the plain roofline on ``gpu``: the two GPUs share their fitted efficiencies
+    (``profile_of``: the H200 has the H100's compute die), so the roofline's own error (median
+    5–11 % on held-back profiles, ``docs/step-time-model.md``) is the same on both and cancels in
+    the ratio; the measured shape is kept. The plain roofline put the H200 behind the H100 it has
+    more bandwidth than (Llama-3-8B, 2,048 tokens: 58.6 against 50.4 ms), because the H100's figure
+    was measured and the H200's was not; the ratio can only favour the GPU with more FLOP/s or bandwidth.
+    """
+    tokens = reference.num_tokens.astype(np.float64)
+    ratio = roofline_s(model, gpu, np.maximum(tokens, 1.0), tp) / roofline_s(
+        model, reference_gpu, np.maximum(tokens, 1.0), tp
+    )
+    return OperatorProfile(
+        num_tokens=reference.num_tokens,
+        per_layer_s=reference.per_layer_s * ratio,
+        once_s=reference.once_s * ratio,
+        source=f"{reference.source} × roofline {gpu.name} / {reference_gpu.name}",
+    )
 
 
 def _require(ok: bool, field: str, value: object, expectation: str) -> None:

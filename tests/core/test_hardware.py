@@ -174,6 +174,22 @@ def test_derived_h100_llama3_uses_llama2_ratio():
     assert derived.per_layer_s[k] == pytest.approx(base.per_layer_s[k] * last_ratio)
 
 
+def test_a_gpu_measured_on_nothing_takes_its_stand_ins_profile_scaled_by_the_rooflines():
+    model, h100, h200 = MODELS.get("llama-3-8b"), GPUS.get("h100"), GPUS.get("h200")
+    reference, scaled = profile_for(model, h100), profile_for(model, h200)
+    i = int(np.searchsorted(reference.num_tokens, 2048))
+    ratio = roofline_s(model, h200, 2048.0) / roofline_s(model, h100, 2048.0)
+    assert scaled.per_layer_s[i] == pytest.approx(reference.per_layer_s[i] * ratio)
+    assert scaled.source.endswith("× roofline h200 / h100")
+    # the H200 has the H100's compute and more bandwidth: never slower, at any step size or TP degree
+    for tp in (1, 2, 4, 8):
+        a, b = (StepTimeModel(MODELS.get("llama-2-70b"), g, profile_for(MODELS.get("llama-2-70b"), g, tp), tp=tp)
+                for g in (h100, h200))  # fmt: skip
+        for tokens in (1, 16, 512, 4096, 8192):
+            assert b.nonattention_s(tokens) <= a.nonattention_s(tokens)
+    assert profile_for(MODELS.get("llama-3-8b"), GPUS.get("a100-40gb")).source.endswith("× roofline a100-40gb / a100")
+
+
 def test_real_profiles_are_sane():
     a100 = StepTimeModel.for_hardware("llama-3-8b", "a100")
     h100 = StepTimeModel.for_hardware("llama-3-8b", "h100")
