@@ -332,11 +332,29 @@ def _one(url: str, body: dict, request_id: str) -> Result:
     return asyncio.run(go())
 
 
+def _stored_blocks(serve: KvcostServe, settle_s: float = 0.3, timeout_s: float = 10.0) -> float:
+    """Blocks the gateway's directory has ingested (``kvcost_kv_blocks_total{op="stored"}``, all workers),
+    read once two reads ``settle_s`` apart agree (the KV event stream has caught up), or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    before = metric(serve.metrics(), "kvcost_kv_blocks_total", op="stored")
+    while time.monotonic() < deadline:
+        time.sleep(settle_s)
+        now = metric(serve.metrics(), "kvcost_kv_blocks_total", op="stored")
+        if now == before:
+            return now
+        before = now
+    return before
+
+
 def test_salted_prompts_hit_and_only_their_own_salt(exact):
     prompt = [(7 * i) % 3000 + 16 for i in range(32 * 6)]
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "stream": True, "cache_salt": "tenantB",
             "stream_options": {"include_usage": True}}  # fmt: skip
+    # The directory's match is asked of the second request, not the race of the first one's KV events
+    # (one CI run sent it while the gateway was still ingesting the main run's events: directory 0, engine 160).
+    stored = _stored_blocks(exact)
     first = _one(exact.url, body, "salt-1")
+    assert _stored_blocks(exact) >= stored + 6, "the first request's 6 prompt blocks never reached the directory"
     second = _one(exact.url, body, "salt-2")
     other = _one(exact.url, {**body, "cache_salt": "tenantC"}, "salt-3")
     rows = {r["client_request_id"]: r for r in exact.requests("client_request_id LIKE 'salt-%'")}
