@@ -181,17 +181,23 @@ class InFlightPrefixes:
             entry.request_ids.add(request_id)
             self._requests[request_id] = (key, last)
 
-    def release(self, request_id: int) -> bool:
+    def release(self, request_id: int, keep_until_s: float | None = None) -> bool:
         """Request ``request_id``'s first token came: it no longer counts (its entry leaves with its last
-        request). Returns False for an id not held (never routed here, expired, released already)."""
+        request, or, given ``keep_until_s``, expires then: the time the store's KV event may take to reach
+        the directory). Returns False for an id not held (never routed here, expired, released already)."""
         held = self._requests.pop(request_id, None)
         if held is None:
             return False
         key, last = held
         entry = self._entries[key][last]
         entry.request_ids.discard(request_id)
-        if not entry.request_ids and not entry.anonymous:
+        if entry.request_ids or entry.anonymous:
+            return True
+        if keep_until_s is None:
             self._remove(key, last)
+        else:
+            entry.expires_s = keep_until_s
+            self._push(key, last, keep_until_s)
         return True
 
     def match(self, namespace: object, block_hashes: Sequence[int], worker_ids: Sequence[int]) -> list[int]:

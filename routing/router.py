@@ -84,6 +84,13 @@ class RouterSettings:
             as its profile predicts); the service sets it (``ServiceSettings.in_flight_min_ttl_s``)
             because a live engine may run far slower than the profile of the model and GPU
             kvcost was told, and a request leaves the index anyway with its outcome (:meth:`Router.on_outcome`).
+        in_flight_release_grace_s: an in-flight prefix stays this long (seconds, ≥ 0) after its last
+            request's outcome, then leaves. 0 in replays (the simulated directory hears a store as it
+            happens); the service sets it (``ServiceSettings.in_flight_release_grace_s``) because a live
+            engine's KV event for the blocks a request stored reaches the directory after the request's
+            first token reaches the gateway, and in between neither index held them (``make e2e``: a
+            request in the run's first second hit a block both missed; a second salted request sent
+            right after the first found the directory empty while it ingested the run's events).
         overdue_bounds_are_misses: a routed request that has waited past its served P90 bound
             with no outcome counts as a miss of the bounds' conformal factor at the next decision
             (:class:`~kvcost.calibration.adaptive_conformal.ServedBounds`), not only when its first
@@ -100,11 +107,13 @@ class RouterSettings:
     transfers: bool = False
     count_in_flight: bool = True
     in_flight_min_ttl_s: float = 0.0
+    in_flight_release_grace_s: float = 0.0
     overdue_bounds_are_misses: bool = True
 
     def __post_init__(self) -> None:
-        if not self.in_flight_min_ttl_s >= 0:
-            raise ValueError(f"in_flight_min_ttl_s = {self.in_flight_min_ttl_s}, expected a number ≥ 0")
+        for name in ("in_flight_min_ttl_s", "in_flight_release_grace_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} = {getattr(self, name)}, expected a number ≥ 0")
         if self.skew_window_requests < 1:
             raise ValueError(f"skew_window_requests = {self.skew_window_requests}, expected an integer ≥ 1")
         if not self.max_share_over_mean >= 0:
@@ -331,7 +340,8 @@ class Router:
         self.policy.on_outcome(request_id, ttft_s, now_s)
         self.served_bounds.resolve(request_id, ttft_s)
         if self.in_flight is not None and self._records:
-            self.in_flight.release(request_id)
+            grace_s = self.settings.in_flight_release_grace_s
+            self.in_flight.release(request_id, now_s + grace_s if grace_s > 0 else None)
 
     # -- candidates, directory and options --------------------------------------------------------
 

@@ -132,6 +132,7 @@ class Routing:
             policy=settings.policy,
             tiers=settings.tiers,
             in_flight_min_ttl_s=settings.in_flight_min_ttl_s,
+            in_flight_release_grace_s=settings.in_flight_release_grace_s,
             overdue_bounds_are_misses=bool(settings.engines),  # the gateway observes every request it routes
         )
         self.router = Router(directory, self.step_models, routing, analytic)

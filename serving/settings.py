@@ -69,8 +69,7 @@ class ServiceSettings(BaseSettings):
     tensor_parallel: int = Field(1, ge=1, le=64, description="GPUs per worker (tensor-parallel degree) of the model")
     profile: list[Path] = Field(
         default_factory=list,
-        description="kvcost profile file (repeatable): adds a GPU type named after it (snapshots and --gpu "
-        "use it)",
+        description="kvcost profile file (repeatable): adds a GPU type named after it (snapshots and --gpu use it)",
     )
     gpu_default: str = Field("a100", description="GPU type of a worker snapshot that names none")
     block_size_tokens: int = Field(
@@ -170,6 +169,13 @@ class ServiceSettings(BaseSettings):
         description="a prefix routed to a worker counts as in flight (reusable by the next request) at least "
         "this long unless its request's outcome comes sooner: live engines may run far slower than the profile "
         "of --model on --gpu predicts",
+    )
+    in_flight_release_grace_s: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="an in-flight prefix stays this long after its request's first token: the engine's KV "
+        "event for the blocks it stored reaches the directory after the token reaches the gateway",
     )
     kv_replay_timeout_s: float = Field(
         2.0,

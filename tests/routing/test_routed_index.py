@@ -52,6 +52,18 @@ def test_a_chain_two_queued_requests_carry_stays_until_both_have_started():
     assert index.release(2) and index.match("ns", [1, 2], [0]) == [0] and len(index) == 0
 
 
+def test_a_released_chain_kept_for_a_grace_stays_until_then_and_a_new_request_extends_it():
+    index = InFlightPrefixes()
+    index.add("ns", 0, [1, 2], expires_s=9.0, request_id=1)
+    assert index.release(1, keep_until_s=1.5) and index.match("ns", [1, 2], [0]) == [2]  # the event is on its way
+    assert index.expire(1.4) == 0 and index.expire(1.5) == 1 and len(index) == 0
+    index.add("ns", 0, [3], expires_s=9.0, request_id=2)
+    index.release(2, keep_until_s=2.0)
+    index.add("ns", 0, [3], expires_s=8.0, request_id=3)  # routed again within the grace: carried by request 3
+    assert index.expire(2.0) == 0 and index.match("ns", [3], [0]) == [1]
+    assert index.release(3) and len(index) == 0
+
+
 def test_a_request_id_routed_again_names_the_newer_request_and_anonymous_entries_only_expire():
     index = InFlightPrefixes()
     index.add("ns", 0, [1, 2], expires_s=9.0, request_id=1)
