@@ -49,9 +49,9 @@ def cost_figures(
         if value < low:
             raise ValueError(f"{name} = {value}, expected an integer ≥ {low}")
     if profile is not None:
-        given = [f"--{name} = {value!r}" for name, value in (("model", model), ("gpu", gpu)) if value is not None]
-        if given or tp != 1:
-            given += [f"--tp = {tp}"] if tp != 1 else []
+        given = [f"--{name} = {value!r}" for name, value, unset in (("model", model, None), ("gpu", gpu, None),
+                 ("tp", tp, 1)) if value != unset]  # fmt: skip
+        if given:
             raise ValueError(f"{', '.join(given)} with --profile, expected none: the profile's engine fixes them")
         step_model = EngineProfile.load(profile).step_time_model()
     elif model is None or gpu is None:
@@ -66,29 +66,27 @@ def cost_figures(
     return figures, step_model
 
 
-def memory_warnings(step_model: StepTimeModel, batch: int, context_tokens: int) -> list[str]:
-    """What does not fit in one GPU's memory at the model's tensor-parallel degree, one line each (empty if all fits).
+def memory_warning(step_model: StepTimeModel, batch: int, context_tokens: int) -> str | None:
+    """What does not fit in one GPU's memory at the model's tensor-parallel degree, or None if all fits.
 
     Per GPU: the weights ÷ ``tp`` (:attr:`ModelSpec.weight_bytes`), then with the KV of ``batch``
     sequences of ``context_tokens`` ÷ ``tp`` (:attr:`ModelSpec.kv_bytes_per_token`), against the GPU's
-    memory (:attr:`GpuSpec.memory_bytes`; nothing is said for a GPU without one, e.g. a profiled engine).
+    memory (:attr:`GpuSpec.memory_bytes`; nothing is said for a GPU without one).
     The figures are still printed: they are what such a step would take if it ran.
     """
     capacity = step_model.gpu.memory_bytes
-    if capacity <= 0:
-        return []
     tp, model = step_model.tp, step_model.model
     weights = model.weight_bytes / tp
     kv = batch * context_tokens * model.kv_bytes_per_token / tp
     where = f"one {step_model.gpu.name}'s {capacity / 2**30:.0f} GiB at tp {tp}"
+    if capacity <= 0 or weights + kv <= capacity:
+        return None
     if weights > capacity:
-        return [f"warning: {model.name}'s weights need {weights / 2**30:.0f} GiB a GPU, more than {where}"]
-    if weights + kv > capacity:
-        return [
-            f"warning: the weights and the KV of {batch} × {context_tokens} tokens need "
-            f"{(weights + kv) / 2**30:.0f} GiB a GPU, more than {where}"
-        ]
-    return []
+        return f"warning: {model.name}'s weights need {weights / 2**30:.0f} GiB a GPU, more than {where}"
+    return (
+        f"warning: the weights and the KV of {batch} × {context_tokens} tokens need "
+        f"{(weights + kv) / 2**30:.0f} GiB a GPU, more than {where}"
+    )
 
 
 def cost(
@@ -114,8 +112,8 @@ def cost(
             err_console.print(
                 f"warning: {what} of {tokens} tokens is past {step_model.model.name}'s max_position_embeddings {limit}"
             )
-    for line in memory_warnings(step_model, batch, context_tokens):
-        err_console.print(line)
+    if (warning := memory_warning(step_model, batch, context_tokens)) is not None:
+        err_console.print(warning)
     if as_json:
         print(json.dumps(figures))
         return

@@ -164,10 +164,8 @@ def roofline_scaled_profile(
     more bandwidth than (Llama-3-8B, 2,048 tokens: 58.6 against 50.4 ms), because the H100's figure
     was measured and the H200's was not; the ratio can only favour the GPU with more FLOP/s or bandwidth.
     """
-    tokens = reference.num_tokens.astype(np.float64)
-    ratio = roofline_s(model, gpu, np.maximum(tokens, 1.0), tp) / roofline_s(
-        model, reference_gpu, np.maximum(tokens, 1.0), tp
-    )
+    tokens = np.maximum(reference.num_tokens.astype(np.float64), 1.0)
+    ratio = roofline_s(model, gpu, tokens, tp) / roofline_s(model, reference_gpu, tokens, tp)
     return OperatorProfile(
         num_tokens=reference.num_tokens,
         per_layer_s=reference.per_layer_s * ratio,
