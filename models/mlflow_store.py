@@ -249,7 +249,11 @@ def promote(
     """Move ``champion`` to ``version`` (default: the ``challenger``) if it is no worse on the same holdout.
 
     Both versions are evaluated on the challenger's holdout rows. The gate: TTFT
-    MAE and ``|coverage_90 − 0.9|`` each no worse than the champion's, and, with
+    MAE and ``|coverage_90 − 0.9|`` each no worse than the champion's (without a
+    loadable champion, TTFT MAE no worse than the analytic model's, which routes
+    meanwhile: a model trained on a short or biased log must not replace a profile
+    that predicts better; the replay's online learning gates alike,
+    :meth:`~kvcost.replay.online.OnlineLearner.maybe_retrain`), and, with
     ``routing_gate``, its verdict (it is asked even without a champion: then the
     challenger is compared with what routes meanwhile, the analytic model). Without
     one the message says the promotion was gated on MAE and coverage only (a live
@@ -282,17 +286,23 @@ def promote(
             champion = _gate_figures(evaluate(champion_set, holdout))
         except FeatureSpecMismatch as exc:  # the router cannot load it either: it serves analytic
             unloadable = f" (champion version {champion_version} cannot be loaded, so no gate: {exc})"
-    passed = champion is None or (
-        challenger["ttft_mae_s"] <= champion["ttft_mae_s"]
-        and challenger["coverage_error"] <= champion["coverage_error"]
-    )
+    if champion is None:  # the analytic model routes meanwhile: beat its TTFT MAE (it serves no bounds)
+        passed, against = challenger["ttft_mae_s"] <= challenger["analytic_ttft_mae_s"], "the analytic model"
+    else:
+        passed, against = (
+            (
+                challenger["ttft_mae_s"] <= champion["ttft_mae_s"]
+                and challenger["coverage_error"] <= champion["coverage_error"]
+            ),
+            "champion",
+        )
     routing = routing_gate(challenger_set, champion_set) if routing_gate is not None else None
     passed = passed and (routing is None or routing.passed)
     if passed or force:
         client.set_registered_model_alias(REGISTERED_MODEL, CHAMPION, version)
         if force and not passed:
             client.set_model_version_tag(REGISTERED_MODEL, version, "forced_promotion_reason", reason)
-    verdict = "promoted" if passed else ("promoted by force: " + reason if force else "refused: worse than champion")
+    verdict = "promoted" if passed else ("promoted by force: " + reason if force else f"refused: worse than {against}")
     gated = f"; {routing.note}" if routing is not None else "; gated on TTFT MAE and coverage only (no replay)"
     message = f"version {version} {verdict}{unloadable}{gated}"
     return Promotion(passed or force, version, challenger, champion, message, routing)
@@ -300,7 +310,12 @@ def promote(
 
 def _gate_figures(evaluation: dict) -> dict:
     cov = evaluation["coverage_90"]
-    return {"ttft_mae_s": evaluation["learned"]["ttft"]["mae_s"], "coverage_90": cov, "coverage_error": abs(cov - 0.9)}
+    return {
+        "ttft_mae_s": evaluation["learned"]["ttft"]["mae_s"],
+        "analytic_ttft_mae_s": evaluation["analytic"]["ttft"]["mae_s"],
+        "coverage_90": cov,
+        "coverage_error": abs(cov - 0.9),
+    }
 
 
 def _alias_version(client, alias: str, missing_ok: bool = False) -> str | None:

@@ -57,6 +57,13 @@ class TermModelSet:
         """True when any term predictor is learned (not ``analytic``)."""
         return any(p.name != "analytic" for p in self.predictors.values())
 
+    @property
+    def calibrated(self) -> bool:
+        """True when the set serves calibrated P50 / P90 scores: a learned set, or analytic terms whose
+        TTFT was calibrated on logged rows (online learning's gate keeps those when the analytic
+        model predicts better than the learned one)."""
+        return self.learned or self.conformal is not None
+
     def predict(self, features: np.ndarray) -> TermPredictions:
         """Per-term predictions, seconds, each ``(n,)``."""
         return TermPredictions(**{f"{t}_s": self.predictors[t].predict_many(features) for t in TERMS})

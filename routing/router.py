@@ -481,7 +481,7 @@ class Router:
         expected = self.settings.costs.expected_decode_tokens
         load = outstanding_tokens(columns["queued_prefill_tokens"][:n], columns["running_requests"][:n], expected)
         predictions = self.cost_model.predict(features)
-        calibrated = self.cost_model.calibrate(predictions) if self.cost_model.learned else None
+        calibrated = self.cost_model.calibrate(predictions) if self.cost_model.calibrated else None
         if plans is None:
             return reusable, features, predictions, calibrated, (), None, load
         score = predictions.ttft_s

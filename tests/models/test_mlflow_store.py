@@ -40,9 +40,9 @@ def store(tmp_path):
     return f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "artifacts"
 
 
-def _register(store, rounds, **params):
+def _register(store, rounds, frame=None, **params):
     uri, root = store
-    split = split_by_time(_frame())
+    split = split_by_time(_frame() if frame is None else frame)
     model_set = train_term_set(split, "lightgbm", num_boost_round=rounds, **params)
     ev = evaluate(model_set, split.holdout)
     return model_set, split, mlflow_store.log_and_register(model_set, ev, split.holdout, {"test": True}, uri, root)
@@ -77,6 +77,20 @@ def test_round_trip_gate_and_force(store):
     assert versions == {"2": ["challenger", "champion"], "1": []}
 
 
+def test_without_a_champion_the_challenger_must_beat_the_analytic_model(store):
+    uri, _ = store
+    exact = _frame()
+    exact["actual_queue_s"] = exact["actual_ttft_s"] = exact["nominal_queue_s"]  # the profile is exact
+    _register(store, rounds=1, frame=exact, residual_of_nominal=False)
+    refused = mlflow_store.promote(uri)
+    assert not refused.promoted and refused.champion is None
+    assert refused.challenger["analytic_ttft_mae_s"] == 0.0 < refused.challenger["ttft_mae_s"]
+    assert (
+        refused.message
+        == "version 1 refused: worse than the analytic model; gated on TTFT MAE and coverage only (no replay)"
+    )
+
+
 def test_a_routing_gate_can_refuse_what_the_holdout_accepts(store):
     uri, _ = store
     _register(store, rounds=50)
@@ -90,7 +104,7 @@ def test_a_routing_gate_can_refuse_what_the_holdout_accepts(store):
     refused = mlflow_store.promote(uri, routing_gate=gate)
     assert seen == [(True, None)]  # no champion yet: compared with the analytic routing
     assert not refused.promoted and refused.routing.figures["challenger"] == {"ttft_p99_s": 2.0}
-    assert refused.message == "version 1 refused: worse than champion; replay: P99 2.0 s vs 1.0 s"
+    assert refused.message == "version 1 refused: worse than the analytic model; replay: P99 2.0 s vs 1.0 s"
 
 
 def test_a_champion_under_another_feature_spec_does_not_block_promotion(store, monkeypatch):

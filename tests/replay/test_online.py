@@ -14,14 +14,15 @@ from kvcost.routing.router import RouterSettings
 from tests.replay.test_simulator import blocks, make_trace
 
 
-def _observations(n, t0=0.0, slow_worker=None):
+def _observations(n, t0=0.0, slow_worker=None, profile_error=1.5):
+    """``n`` completed requests: prefill takes ``profile_error`` × its nominal time (2 × more on ``slow_worker``)."""
     rng = np.random.default_rng(0)
     out = []
     for i in range(n):
         features = np.zeros(len(FEATURE_NAMES))
         features[FEATURE_INDEX["nominal_prefill_s"]] = prefill = rng.uniform(0.5, 1.0)
         worker = i % 4
-        actual_prefill = prefill * (2.0 if worker == slow_worker else 1.0)
+        actual_prefill = prefill * profile_error * (2.0 if worker == slow_worker else 1.0)
         actual = (0.0, 0.0, 0.0, actual_prefill, 0.0, actual_prefill)
         predicted = (0.0, 0.0, 0.0, prefill, 0.0, prefill)
         row = RequestRow(i, t0 + i, worker, 100, 10, 0, 0, predicted, actual)
@@ -34,7 +35,9 @@ def test_schedule_and_minimum_rows():
     assert learner.maybe_retrain(_observations(40), now_s=150) is None  # too few rows
     model_set = learner.maybe_retrain(_observations(60), now_s=150)
     assert model_set is not None and model_set.learned
-    assert learner.retrains == [{"t_s": 150, "rows": 60, "trigger": "schedule"}]
+    assert [{k: r[k] for k in ("t_s", "rows", "trigger")} for r in learner.retrains] == [
+        {"t_s": 150, "rows": 60, "trigger": "schedule"}
+    ]
     assert learner.maybe_retrain(_observations(80), now_s=200) is None  # next at 250
     assert learner.next_retrain_s == 250
 
@@ -43,8 +46,9 @@ def test_rows_growth_retrains_each_time_the_rows_double():
     learner = OnlineLearner(OnlineSettings(retrain_every_s=1000, min_rows=50))
     assert learner.maybe_retrain(_observations(60), now_s=10) is not None  # min_rows reached, long before 1000 s
     assert learner.maybe_retrain(_observations(119), now_s=20) is None  # 2 × 60 = 120 needed
-    assert learner.maybe_retrain(_observations(120), now_s=30) is not None
-    assert learner.retrains == [{"t_s": 10, "rows": 60, "trigger": "rows"}, {"t_s": 30, "rows": 120, "trigger": "rows"}]
+    learner.maybe_retrain(_observations(120), now_s=30)
+    triggers = [(r["t_s"], r["rows"], r["trigger"]) for r in learner.retrains]
+    assert triggers == [(10, 60, "rows"), (30, 120, "rows")]
     clock_only = OnlineLearner(OnlineSettings(retrain_every_s=1000, min_rows=50, rows_growth=math.inf))
     assert clock_only.maybe_retrain(_observations(500), now_s=999) is None
 
@@ -65,7 +69,7 @@ def test_straggler_alert_triggers_an_early_retrain():
 def test_observations_frame_columns():
     frame = observations_frame(_observations(3))
     assert list(frame.columns[: len(FEATURE_NAMES)]) == list(FEATURE_NAMES)
-    assert frame["actual_prefill_s"].tolist() == pytest.approx(frame["nominal_prefill_s"].tolist())
+    assert frame["actual_prefill_s"].tolist() == pytest.approx((1.5 * frame["nominal_prefill_s"]).tolist())
     assert frame["worker_id"].tolist() == [0, 1, 2]
 
 
@@ -124,3 +128,29 @@ def test_training_rows_are_weighted_against_their_unchosen_candidates():
     assert 0 < rows["effective_rows"] < 48 and rows["max_weight"] > 1  # 48 training rows, unequal weights
     plain = OnlineLearner(OnlineSettings(min_rows=50, importance_weighting=False)).maybe_retrain(others, now_s=10)
     assert "importance_weights" not in plain.metadata
+
+
+def test_the_gate_routes_with_the_analytic_model_where_it_predicts_better():
+    learner = OnlineLearner(OnlineSettings(retrain_every_s=100, min_rows=50))
+    model_set = learner.maybe_retrain(_observations(60, profile_error=1.0), now_s=150)
+    record = learner.retrains[-1]
+    assert record["promoted"] == "analytic" and record["mae_s"] == {"challenger": 0.0, "analytic": 0.0}  # a tie
+    assert not model_set.learned and model_set.calibrated  # analytic terms, TTFT calibrated on the newest rows
+
+
+def test_the_gate_promotes_a_challenger_that_predicts_better_and_keeps_a_better_current_set():
+    learner = OnlineLearner(OnlineSettings(retrain_every_s=100, min_rows=50))
+    model_set = learner.maybe_retrain(_observations(400), now_s=150)  # the profile is 1.5× off
+    record = learner.retrains[-1]
+    assert record["promoted"] == "challenger" and model_set.learned and learner.routing_model is model_set
+    assert record["mae_s"]["challenger"] < 0.01 < 0.3 < record["mae_s"]["analytic"]
+    assert learner.maybe_retrain(_observations(60), now_s=300) is None  # 48 training rows only: worse
+    record = learner.retrains[-1]
+    assert record["promoted"] == "current" and sorted(record["mae_s"]) == ["analytic", "challenger", "current"]
+    assert record["mae_s"]["current"] < record["mae_s"]["challenger"] and learner.routing_model is model_set
+
+
+def test_without_the_gate_every_challenger_routes():
+    learner = OnlineLearner(OnlineSettings(retrain_every_s=100, min_rows=50, gate_on_mae=False))
+    model_set = learner.maybe_retrain(_observations(60, profile_error=1.0), now_s=150)
+    assert model_set.learned and "promoted" not in learner.retrains[-1]
