@@ -95,3 +95,15 @@ def test_uncalibrated_set_passes_ttft_through_and_has_no_bound():
     calibrated = model_set.calibrate(model_set.predict(x))
     assert calibrated.p50_s.tolist() == pytest.approx([0.27])
     assert np.isnan(calibrated.p90_s).all()
+
+
+def test_analytic_terms_with_a_fitted_bound_are_calibrated_not_learned():
+    from kvcost.calibration.conformal import SplitConformal
+
+    model_set = TermModelSet.analytic()
+    assert (model_set.learned, model_set.calibrated) == (False, False)
+    model_set.conformal = SplitConformal().fit(np.array([1.0] * 10), np.array([1.5] * 10))
+    assert (model_set.learned, model_set.calibrated) == (False, True)
+    x = features([{"nominal_queue_s": 0.25, "nominal_prefill_s": 0.75}])
+    calibrated = model_set.calibrate(model_set.predict(x))
+    assert (calibrated.p50_s.tolist(), calibrated.p90_s.tolist()) == ([1.0], [1.5])  # actuals were 1.5 × predicted

@@ -35,7 +35,7 @@ def request(input_tokens, hashes, request_id=0):
 class FixedCostModel:
     """Returns the same per-candidate terms for every request (seconds)."""
 
-    learned = False
+    learned = calibrated = False
 
     def __init__(self, queue_s, prefill_s, lookup_s=None):
         zeros = np.zeros(len(queue_s))
@@ -396,7 +396,7 @@ def test_a_scorer_reads_the_routers_in_flight_prefixes_and_adds_none(make_router
 class LearnedFixedCostModel(FixedCostModel):
     """``FixedCostModel`` that calibrates: P50 = the composed TTFT, P90 = twice it."""
 
-    learned = True
+    learned = calibrated = True
 
     def calibrate(self, predictions):
         return CalibratedTTFT(predictions.ttft_s, 2.0 * predictions.ttft_s)
