@@ -186,7 +186,8 @@ def train_term_set(
     ``/v1/observe`` may report TTFT alone; its other terms are logged as NULL); the
     calibrators use TTFT, which every row has.
 
-    The calibration slice is cut in two, in time order: the first half fits the
+    The calibration slice (its rows with a known TTFT: a live gateway logs a non-streamed
+    request's TTFT as unknown) is cut in two, in time order: the first half fits the
     isotonic recalibration of the composed TTFT, the second the split-conformal
     P50 / P90 bounds on the recalibrated values. Fitting both on the same rows
     would make the conformal residuals optimistic (isotonic steps chase those very
@@ -228,7 +229,7 @@ def train_term_set(
             "effective_rows": effective_rows(train_weights),
             "max_weight": float(np.max(train_weights)) if len(train_weights) else 0.0,
         }
-    iso_rows, conformal_rows = _halves(split.calibration)
+    iso_rows, conformal_rows = _halves(split.calibration[_known(split.calibration, "ttft")])
     isotonic = IsotonicCalibrator().fit(
         model_set.predict(feature_matrix(iso_rows)).ttft_s, iso_rows["actual_ttft_s"].to_numpy()
     )
@@ -285,7 +286,8 @@ def evaluate(model_set: TermModelSet, holdout: pd.DataFrame) -> dict:
 
     Returns:
         ``{"learned": {term: metrics}, "analytic": {term: metrics}, "coverage_90": float, "rows": n}``
-        where terms are TERMS plus ``"ttft"`` (learned TTFT = the recalibrated P50 score).
+        where terms are TERMS plus ``"ttft"`` (learned TTFT = the recalibrated P50 score). Each
+        term's metrics, TTFT's and the coverage count only the rows where that actual is known.
     """
     x = feature_matrix(holdout)
     learned = model_set.predict(x)
@@ -297,7 +299,10 @@ def evaluate(model_set: TermModelSet, holdout: pd.DataFrame) -> dict:
         known = _known(holdout, term)
         out["learned"][term] = error_metrics(getattr(learned, f"{term}_s")[known], actual[term][known])
         out["analytic"][term] = error_metrics(getattr(analytic, f"{term}_s")[known], actual[term][known])
-    out["learned"]["ttft"] = error_metrics(calibrated.p50_s, actual["ttft"])
-    out["analytic"]["ttft"] = error_metrics(analytic.ttft_s, actual["ttft"])
-    out["coverage_90"] = float(np.mean(actual["ttft"] <= calibrated.p90_s))
+    known = _known(holdout, "ttft")  # a non-streamed request's TTFT is unknown (NULL), not 0
+    out["learned"]["ttft"] = error_metrics(calibrated.p50_s[known], actual["ttft"][known])
+    out["analytic"]["ttft"] = error_metrics(analytic.ttft_s[known], actual["ttft"][known])
+    out["coverage_90"] = (
+        float(np.mean(actual["ttft"][known] <= calibrated.p90_s[known])) if known.any() else float("nan")
+    )
     return out

@@ -165,3 +165,28 @@ def test_unchosen_features_are_the_rejected_candidates_of_the_training_requests(
     assert load_unchosen_features(log, frame.iloc[:2], limit=1).shape == (1, len(FEATURE_NAMES))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_unchosen_features(tmp_path / "missing.duckdb", frame, limit=10)
+
+
+def test_rows_with_an_unknown_ttft_are_left_out_of_the_calibration_and_the_metrics():
+    """A gateway logs a non-streamed request's TTFT as unknown (NULL): MAE and coverage stay numbers."""
+    rng = np.random.default_rng(0)
+    n = 1000
+    x = np.zeros((n, len(FEATURE_NAMES)))
+    x[:, FEATURE_INDEX["nominal_queue_s"]] = rng.uniform(0, 2, n)
+    frame = pd.DataFrame(x, columns=list(FEATURE_NAMES))
+    for term in TERMS:
+        frame[f"actual_{term}_s"] = np.nan
+    frame["actual_queue_s"] = 2 * frame["nominal_queue_s"]
+    frame["actual_ttft_s"] = frame["actual_queue_s"] + 0.25
+    frame.loc[::5, "actual_ttft_s"] = np.nan  # every fifth request was not streamed
+    frame["arrival_s"] = np.arange(n, dtype=float)
+    split = split_by_time(frame)
+    model_set = train_term_set(split, "lightgbm", num_boost_round=100)
+    assert np.isfinite(model_set.conformal.upper_bounds(np.array([1.0]))[0.9]).all()
+    ev = evaluate(model_set, split.holdout)
+    assert ev["rows"] == 400 and np.isfinite(ev["learned"]["ttft"]["mae_s"])
+    streamed = split.holdout["actual_ttft_s"].notna()
+    analytic_error_s = (split.holdout["nominal_queue_s"] + 0.25)[streamed].mean()  # the profile knows half the queue
+    assert ev["analytic"]["ttft"]["mae_s"] == pytest.approx(analytic_error_s) and streamed.sum() == 320
+    assert ev["learned"]["ttft"]["mae_s"] < 0.05
+    assert 0.8 <= ev["coverage_90"] <= 1.0  # over the 320 holdout rows with a TTFT
