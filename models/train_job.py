@@ -210,6 +210,8 @@ def _retrain_round(db: Path, round_no: int, mlflow_uri: str | None, out: Path, r
     maes = f"TTFT MAE on the challenger's holdout: challenger {result.challenger['ttft_mae_s']:.4f} s"
     if result.champion is not None:
         maes += f", champion {result.champion['ttft_mae_s']:.4f} s"
+    else:  # the analytic model routes without a champion, and the gate compares with it
+        maes += f", analytic {result.challenger['analytic_ttft_mae_s']:.4f} s"
     message = f"round {round_no}: {result.message} ({maes})"
     report(message)
     return {"round": round_no, "version": outcome.version, "promoted": result.promoted, "message": message}

@@ -34,6 +34,25 @@ def test_a_refused_challenger_exits_1_and_prints_both_maes(tmp_path, monkeypatch
     )
 
 
+def test_without_a_champion_a_round_reports_the_analytic_models_error(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from kvcost.models import mlflow_store, train_job
+
+    refused = mlflow_store.Promotion(
+        False, "1", {"ttft_mae_s": 0.5, "analytic_ttft_mae_s": 0.25}, None,
+        "version 1 refused: worse than the analytic model",
+    )  # fmt: skip
+    monkeypatch.setattr(train_job, "run_training", lambda db, **kw: SimpleNamespace(version="1"))
+    monkeypatch.setattr(mlflow_store, "promote", lambda uri, version: refused)
+    result = CliRunner().invoke(app, ["retrain", "--every-s", "1", "--iterations", "1", "--db", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert (
+        "round 1: version 1 refused: worse than the analytic model (TTFT MAE on the challenger's holdout: "
+        "challenger 0.5000 s, analytic 0.2500 s)" in result.output.replace("\n", " ")
+    )
+
+
 def test_a_sqlite_store_in_a_missing_folder_is_a_usage_error(tmp_path):
     uri = f"sqlite:///{tmp_path}/nowhere/mlflow.db"
     result = CliRunner().invoke(app, ["retrain", "--every-s", "1", "--iterations", "1", "--mlflow-uri", uri])
