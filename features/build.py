@@ -92,7 +92,7 @@ def feature_columns(
         "reusable_tokens": reuse,
         "uncached_tokens": uncached,
         "reusable_tier": _tier_codes(matches, plans, reuse),
-        "directory_age_s": np.where(np.isfinite(age_s), age_s, -1.0),
+        "directory_age_s": _directory_age_s(matches, age_s),
         "load_bytes": load_bytes,
         "disk_load_bytes": disk_bytes,
         "transfer_bytes": transfer_bytes,
@@ -117,6 +117,20 @@ def feature_columns(
         "nominal_prefill_s": prefill_s,
         "nominal_first_token_s": np.full(n, costs.first_token_s, dtype=np.float64),
     }
+
+
+def _directory_age_s(matches, age_s: np.ndarray) -> np.ndarray:
+    """Seconds since the directory last heard from each candidate, where the candidate holds part of the
+    request's prefix; −1 where it holds none or was never heard from.
+
+    Why only with a match: the age says how stale the promised reuse may be; with nothing promised
+    it says only that the worker stored nothing lately, which an idle or restarted worker shares
+    with a dead one. A learned term then read a long age as slow prefill: in the end-to-end test a
+    restarted engine, whose directory stayed silent because it was sent nothing, was predicted at
+    0.66 s against 0.15 s for its busy peer on prompts neither held, and got none of 80 requests
+    (its silence grew with every request it did not get)."""
+    matched = np.array([m.reusable_blocks > 0 for m in matches], dtype=bool)
+    return np.where(np.isfinite(age_s) & matched, age_s, -1.0)
 
 
 def _recent_step_s(snapshots, models, measured_s: np.ndarray) -> np.ndarray:

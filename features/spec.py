@@ -42,7 +42,12 @@ FEATURE_SPEC: tuple[Feature, ...] = (
     Feature("reusable_tokens", "BIGINT", "tokens", "directory: reusable prefix on the worker"),
     Feature("uncached_tokens", "BIGINT", "tokens", "input_tokens - reusable_tokens"),
     Feature("reusable_tier", "BIGINT", "code", "directory: tier of the match, TIER_CODES"),
-    Feature("directory_age_s", "DOUBLE", "s", "directory: time since the worker's last event, −1 if never"),
+    Feature(
+        "directory_age_s",
+        "DOUBLE",
+        "s",
+        "directory: time since the worker's last event where it holds part of the prefix, else −1",
+    ),
     Feature("load_bytes", "BIGINT", "bytes", "plan: prefix bytes copied CPU → GPU (lower tiers, fetched)"),
     Feature("disk_load_bytes", "BIGINT", "bytes", "plan: part of load_bytes read from local disk first"),
     Feature("transfer_bytes", "BIGINT", "bytes", "plan: prefix bytes fetched over the network"),

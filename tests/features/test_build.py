@@ -171,3 +171,10 @@ def test_feature_columns_are_named_arrays_over_candidates_that_stack_into_the_ma
     assert columns["recent_step_ratio"].tolist() == [1.25, 1.0]  # 0.02 / 0.016; no nominal: 1
     x = build(*case)
     assert all(np.array_equal(x[:, FEATURE_INDEX[name]], column) for name, column in columns.items())
+
+
+def test_directory_age_only_where_the_worker_holds_part_of_the_prefix(case):
+    snapshots, _, _, models = case
+    heard = [DirectoryMatch(0, 1, "cpu", 2.0), DirectoryMatch(1, 0, "none", 5.0)]  # 1 was heard from, holds none
+    x = build(snapshots, heard, [512, 0], models)
+    assert x[:, FEATURE_INDEX["directory_age_s"]].tolist() == [2.0, -1.0]
