@@ -59,7 +59,9 @@ class RequestRow(NamedTuple):
         mismatch_lost_s: nominal prefill time of the mismatch tokens, seconds.
         served_by: prefix source (``local_hit``, ``tier_load``, ``remote_transfer``, ``recompute``).
         directory_reuse_tokens: the prefix the directory held on the chosen worker at decision time,
-            without in-flight prefixes, capped as the engine caps a full hit (gateway); None in replays.
+            without in-flight prefixes, capped as the engine caps a full hit (gateway), or as
+            ``predicted_reuse_tokens`` is capped and never above it (replays: the rest of the promise
+            was in flight).
         client_request_id: the client's own id of the request (gateway); None in replays.
         outcome: ``ok``, or what ended the request, naming the engine (gateway); None in replays.
         kv_wait_s: replay: the part of the queue term spent at the head of the queue, with prefill

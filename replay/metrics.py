@@ -28,6 +28,8 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "directory_mismatch_tokens",
     "mismatch_lost_s",
     "promised_recomputed_share",
+    "promised_in_flight_share",
+    "in_flight_recomputed_share",
     "served_by",
     "utilisation",
 )
@@ -44,6 +46,16 @@ def _share(part: float, whole: float) -> float:
 def _quantile(values: np.ndarray, q: float) -> float:
     values = values[~np.isnan(values)]
     return float(np.quantile(values, q)) if values.size else float("nan")
+
+
+def _in_flight_shares(r) -> dict[str, float]:
+    """``promised_in_flight_share`` and ``in_flight_recomputed_share`` of :func:`summarise`."""
+    in_flight = (r["predicted_reuse_tokens"] - r["directory_reuse_tokens"]).clip(lower=0)
+    lost = np.minimum(r["directory_mismatch_tokens"], in_flight)
+    return {
+        "promised_in_flight_share": _share(in_flight.sum(), r["predicted_reuse_tokens"].sum()),
+        "in_flight_recomputed_share": _share(lost.sum(), in_flight.sum()),
+    }
 
 
 def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
@@ -68,7 +80,13 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     ``promised_recomputed_share`` is the share of the promised tokens (the raw
     directory match on the chosen worker at decision time, ``predicted_reuse_tokens``)
     that were recomputed at admission (``directory_mismatch_tokens``); NaN when
-    nothing was promised.
+    nothing was promised. ``promised_in_flight_share`` is the part of the promised
+    tokens the directory did not report stored (``predicted_reuse_tokens −
+    directory_reuse_tokens``: counted from the router's in-flight prefixes, or fetched
+    from another worker with transfers on), and ``in_flight_recomputed_share`` the
+    share of that part recomputed at admission, taking each request's recomputed
+    tokens from the in-flight part first (it is the deep end of the prefix, and a
+    prefix is lost from its end); both NaN when their whole is 0.
     """
     r = result.requests
     if r.empty:
@@ -96,6 +114,7 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
         "directory_mismatch_tokens": int(r["directory_mismatch_tokens"].sum()),
         "mismatch_lost_s": float(r["mismatch_lost_s"].sum()),
         "promised_recomputed_share": _share(r["directory_mismatch_tokens"].sum(), r["predicted_reuse_tokens"].sum()),
+        **_in_flight_shares(r),
         "served_by": {name: float(served.get(name, 0.0)) for name in SERVED_BY},
         "utilisation": float(np.mean(result.utilisation)),
     }

@@ -45,6 +45,8 @@ _LABELS = {
     "directory_mismatch_tokens": "directory mismatch (tokens)",
     "mismatch_lost_s": "mismatch prefill lost (s)",
     "promised_recomputed_share": "promised tokens recomputed",
+    "promised_in_flight_share": "promised tokens in flight",
+    "in_flight_recomputed_share": "in-flight promise recomputed",
     "utilisation": "utilisation",
 }
 
@@ -53,7 +55,7 @@ def format_value(key: str, value) -> str:
     """Human form of a summary value (percentages for ratios, 3 decimals for seconds)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if key in ("hit_ratio", "max_worker_share", "utilisation", "promised_recomputed_share", "kv_wait_share"):
+    if key in ("hit_ratio", "utilisation") or key.endswith("_share"):
         return f"{value:.1%}"
     if key.endswith("_s"):
         return f"{value:.3f}"

@@ -23,6 +23,8 @@ class SimRequest:
     output_tokens: int
     full_block_hashes: tuple[int, ...]
     predicted_reuse_tokens: int
+    # the part of the promise the directory reported stored (the rest was in flight); 0 with the cache off
+    directory_reuse_tokens: int = 0
     # filled in by the worker
     admitted_s: float = math.nan
     queued_until_s: float = math.nan  # admission; for a tier load, its first chunk's start − L

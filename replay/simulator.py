@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from kvcost.core.types import REMOTE_STORE_ID, Namespace, ReusePlan, RouteDecision, RouteRequest
+from kvcost.core.types import REMOTE_STORE_ID, Namespace, ReusePlan, RouteDecision, RouteRequest, reusable_tokens_for
 from kvcost.data.log_rows import CandidateLog, RequestRow, requests_frame
 from kvcost.data.traces import Trace
 from kvcost.eviction import EvictionContext, block_cost_table
@@ -215,7 +215,9 @@ class ClusterSimulator:
         snapshots = [w.snapshot(now) for w in self.workers]
         self._arriving = (trace_request, full_hashes)
         decision = self.router.route(request, snapshots, now)
-        predicted_reuse = int(decision.reusable_tokens[decision.chosen_index]) if self.config.cache_enabled else 0
+        predicted_reuse, stored_reuse = _promise_tokens(decision, trace_request.input_tokens, self.block_size_tokens)
+        if not self.config.cache_enabled:
+            predicted_reuse = stored_reuse = 0
         sim_request = SimRequest(
             trace_request.request_id,
             now,
@@ -223,6 +225,7 @@ class ClusterSimulator:
             trace_request.output_tokens,
             full_hashes,
             predicted_reuse,
+            stored_reuse,
         )
         worker = self.workers[decision.worker_id]
         total_tokens = trace_request.input_tokens + trace_request.output_tokens
@@ -315,6 +318,16 @@ class ClusterSimulator:
                 self.directory.apply_removed(self.namespace, worker_id, hashes, t, tier)
 
 
+def _promise_tokens(decision: RouteDecision, input_tokens: int, block_size_tokens: int) -> tuple[int, int]:
+    """``(promised, stored)`` tokens on the chosen worker: the reuse the router counted at the decision
+    (``predicted_reuse_tokens``), and the part of it the directory reported stored there
+    (``directory_reuse_tokens``, ≤ promised; the rest is in flight, or fetched with transfers on)."""
+    index = decision.chosen_index
+    promised = int(decision.reusable_tokens[index])
+    stored = reusable_tokens_for(decision.directory_blocks[index], block_size_tokens, input_tokens)
+    return promised, min(promised, stored)
+
+
 def _block_events(workers: list[SimWorker]) -> pd.DataFrame:
     """Every pool's access history as one frame: ``worker_id`` + ``BLOCK_EVENT_COLUMNS``."""
     frames = []
@@ -374,6 +387,7 @@ class _Log:
                 input_tokens=r.input_tokens,
                 output_tokens=r.output_tokens,
                 predicted_reuse_tokens=r.predicted_reuse_tokens,
+                directory_reuse_tokens=r.directory_reuse_tokens,
                 actual_reuse_tokens=r.reused_tokens,
                 predicted_s=tuple(pred.tolist()),
                 actual_s=actual,

@@ -44,6 +44,7 @@ def test_summarise_exact_figures():
         input_tokens=[100, 100, 100, 100],
         actual_reuse_tokens=[0, 50, 50, 0],
         predicted_reuse_tokens=[0, 64, 48, 16],
+        directory_reuse_tokens=[0, 32, 48, 0],
         directory_mismatch_tokens=[0, 16, 0, 0],
         mismatch_lost_s=[0.0, 0.25, 0.0, 0.0],
         served_by=["recompute", "tier_load", "remote_transfer", "recompute"],
@@ -59,6 +60,9 @@ def test_summarise_exact_figures():
     assert s["max_worker_share"] == 0.75
     assert s["directory_mismatch_tokens"] == 16 and s["mismatch_lost_s"] == 0.25
     assert s["promised_recomputed_share"] == 16 / 128
+    # in flight: 32 of request 1's 64 and all 16 of request 3's; request 1's 16 lost come from its in-flight part
+    assert s["promised_in_flight_share"] == 48 / 128
+    assert s["in_flight_recomputed_share"] == 16 / 48
     assert s["served_by"] == {"local_hit": 0.0, "tier_load": 0.25, "remote_transfer": 0.25, "recompute": 0.5}
     assert s["utilisation"] == pytest.approx(0.6)
 
@@ -80,7 +84,7 @@ def test_attribution_signs():
     assert (gains["tier_gain_p50_s"], gains["tier_gain_p99_s"]) == (2.5, -2.0)
 
 
-def test_promised_recomputed_share_is_nan_when_nothing_was_promised():
+def test_promise_shares_are_nan_when_nothing_was_promised():
     result = _result(
         worker_id=[0],
         actual_ttft_s=[1.0],
@@ -89,8 +93,11 @@ def test_promised_recomputed_share_is_nan_when_nothing_was_promised():
         input_tokens=[100],
         actual_reuse_tokens=[0],
         predicted_reuse_tokens=[0],
+        directory_reuse_tokens=[0],
         directory_mismatch_tokens=[0],
         mismatch_lost_s=[0.0],
         served_by=["recompute"],
     )
-    assert math.isnan(summarise(result, n_workers=1)["promised_recomputed_share"])
+    s = summarise(result, n_workers=1)
+    assert math.isnan(s["promised_recomputed_share"]) and math.isnan(s["promised_in_flight_share"])
+    assert math.isnan(s["in_flight_recomputed_share"])

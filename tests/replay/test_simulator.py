@@ -11,6 +11,7 @@ from kvcost.core.links import LinkSpec
 from kvcost.core.types import ReusePlan
 from kvcost.data.traces import Trace, TraceRequest
 from kvcost.replay.config import ClusterConfig
+from kvcost.replay.metrics import summarise
 from kvcost.replay.sim_request import SimRequest
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 from kvcost.replay.tiers import TierConfig
@@ -231,6 +232,27 @@ def test_cache_on_reuses_exact_prefixes():
     assert req["predicted_reuse_tokens"].tolist() == [0, 32, 47]
     assert req["actual_reuse_tokens"].tolist() == [0, 32, 47]
     assert req["directory_mismatch_tokens"].tolist() == [0, 0, 0]
+
+
+def test_the_log_splits_a_promise_into_stored_and_in_flight():
+    # request 1 arrives 1 ms after request 0, while request 0's 250-block prompt is still in its first
+    # step: the router promises those blocks from its in-flight index (the directory has none yet), and
+    # they are stored before request 1's first chunk; request 2 finds them stored
+    system = range(1, 251)
+    trace = make_trace(
+        [
+            (0.0, 4000, 1, blocks(system, 1000, 4000)),
+            (0.001, 4032, 1, blocks(system, 2000, 4032)),
+            (30.0, 4032, 1, blocks(system, 3000, 4032)),
+        ]
+    )
+    result = run(trace)
+    req = result.requests
+    assert req["predicted_reuse_tokens"].tolist() == [0, 4000, 4000]
+    assert req["directory_reuse_tokens"].tolist() == [0, 0, 4000]
+    assert req["actual_reuse_tokens"].tolist() == [0, 4000, 4000]
+    summary = summarise(result, n_workers=1)
+    assert (summary["promised_in_flight_share"], summary["in_flight_recomputed_share"]) == (0.5, 0.0)
 
 
 def test_cache_off_means_no_reuse_and_no_mismatch():
