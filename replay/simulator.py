@@ -320,10 +320,13 @@ class ClusterSimulator:
 
 def _promise_tokens(decision: RouteDecision, input_tokens: int, block_size_tokens: int) -> tuple[int, int]:
     """``(promised, stored)`` tokens on the chosen worker: the reuse the router counted at the decision
-    (``predicted_reuse_tokens``), and the part of it the directory reported stored there
-    (``directory_reuse_tokens``, ≤ promised; the rest is in flight, or fetched with transfers on)."""
+    (``predicted_reuse_tokens``), and the part of it the directory reported stored, in any tier
+    (``directory_reuse_tokens``, ≤ promised; the rest is in flight). A fetched prefix is stored at
+    its source, so a fetch plan's promise is all stored."""
     index = decision.chosen_index
     promised = int(decision.reusable_tokens[index])
+    if decision.plans and decision.plans[index].option == "fetch":
+        return promised, promised
     stored = reusable_tokens_for(decision.directory_blocks[index], block_size_tokens, input_tokens)
     return promised, min(promised, stored)
 

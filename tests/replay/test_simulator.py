@@ -8,12 +8,12 @@ import pytest
 
 from kvcost.core.hardware import GpuSpec, StepTimeModel
 from kvcost.core.links import LinkSpec
-from kvcost.core.types import ReusePlan
+from kvcost.core.types import ReusePlan, RouteDecision
 from kvcost.data.traces import Trace, TraceRequest
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.metrics import summarise
 from kvcost.replay.sim_request import SimRequest
-from kvcost.replay.simulator import ClusterSimulator, ReplayResult
+from kvcost.replay.simulator import ClusterSimulator, ReplayResult, _promise_tokens
 from kvcost.replay.tiers import TierConfig
 from kvcost.routing.router import Router, RouterSettings
 from tests.helpers import MS_PER_TOKEN_PROFILE, UNIT_MODEL
@@ -253,6 +253,31 @@ def test_the_log_splits_a_promise_into_stored_and_in_flight():
     assert req["actual_reuse_tokens"].tolist() == [0, 4000, 4000]
     summary = summarise(result, n_workers=1)
     assert (summary["promised_in_flight_share"], summary["in_flight_recomputed_share"]) == (0.5, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("plan", "directory_blocks", "expected"),
+    [
+        (None, (1, 2), (40, 32)),  # the directory holds 2 blocks (32 tokens): 8 of the 40 promised were in flight
+        (ReusePlan("local", gpu_blocks=3), (1, 2), (40, 32)),
+        (ReusePlan("fetch", gpu_blocks=0, fetch_blocks=3, source_id=0), (1, 0), (40, 40)),  # stored at the source
+    ],
+)
+def test_promise_tokens_split_the_promise_into_stored_and_in_flight(plan, directory_blocks, expected):
+    decision = RouteDecision(
+        request_id=0,
+        worker_id=1,
+        chosen_index=1,
+        worker_ids=(0, 1),
+        reason="",
+        matches=(),
+        reusable_tokens=np.array([0, 40]),
+        features=np.zeros((2, 1)),
+        predictions=None,
+        plans=() if plan is None else (ReusePlan("local", gpu_blocks=0), plan),
+        directory_blocks=directory_blocks,
+    )
+    assert _promise_tokens(decision, input_tokens=41, block_size_tokens=BLOCK) == expected
 
 
 def test_cache_off_means_no_reuse_and_no_mismatch():
