@@ -82,10 +82,11 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     that were recomputed at admission (``directory_mismatch_tokens``); NaN when
     nothing was promised. ``promised_in_flight_share`` is the part of the promised
     tokens the directory did not report stored (``predicted_reuse_tokens −
-    directory_reuse_tokens``: counted from the router's in-flight prefixes), and ``in_flight_recomputed_share`` the
-    share of that part recomputed at admission, taking each request's recomputed
-    tokens from the in-flight part first (it is the deep end of the prefix, and a
-    prefix is lost from its end); both NaN when their whole is 0.
+    directory_reuse_tokens``, counted from the router's in-flight prefixes), and
+    ``in_flight_recomputed_share`` the share of that part recomputed at admission,
+    taking each request's recomputed tokens from the in-flight part first (it is the
+    deep end of the prefix, and a prefix is lost from its end); both NaN when their
+    whole is 0.
     """
     r = result.requests
     if r.empty:
