@@ -58,7 +58,7 @@ class Allocation:
 
     Attributes:
         cached_hashes: hashes of the prompt blocks the request holds a reference on,
-            in prompt order (the reused prefix, then blocks registered after prefill).
+            in prompt order (the reused prefix, then blocks registered as their chunks are scheduled).
         private_blocks: blocks not in the prefix cache (not-yet-registered prompt
             blocks, the partial last block, output tokens).
         reused_blocks: leading blocks found in the cache at admission.
@@ -208,12 +208,27 @@ class BlockPool:
         return evicted
 
     def register_prefill(
-        self, allocation: Allocation, full_block_hashes: Sequence[int], now_s: float = 0.0
+        self,
+        allocation: Allocation,
+        full_block_hashes: Sequence[int],
+        now_s: float = 0.0,
+        request_blocks: int | None = None,
     ) -> list[int]:
-        """After prefill (at ``now_s``), move the request's computed full prompt blocks into the prefix cache.
+        """Move the request's full prompt blocks in ``full_block_hashes`` that it has not registered yet into the
+        prefix cache, at ``now_s``.
 
-        A hash that another request registered meanwhile is shared (this
-        request's private copy is released), as vLLM does for duplicate blocks.
+        vLLM caches a block when the step that computes it is scheduled, chunk by chunk
+        (``KVCacheManager.allocate_slots`` → ``cache_blocks`` up to the computed plus the newly
+        scheduled tokens, vLLM v0.32 ``vllm/v1/core/kv_cache_manager.py``), not when the whole
+        prefill ends; so the worker calls this with each chunk's blocks, and a later request
+        finds the blocks of a prefill still under way. A hash that another request registered
+        meanwhile is shared (this request's private copy is released), as vLLM does for duplicate
+        blocks.
+
+        Args:
+            full_block_hashes: the request's full prompt blocks computed so far (or all of them), in order.
+            request_blocks: the request's full prompt blocks in all, for the history
+                (default: ``len(full_block_hashes)``).
 
         Returns:
             Hashes newly stored in the cache (for a ``BlockStored`` event), in order.
@@ -221,7 +236,8 @@ class BlockPool:
         if not self.cache_enabled:
             return []
         stored: list[int] = []
-        start = allocation.reused_blocks
+        start = len(allocation.cached_hashes)
+        total = len(full_block_hashes) if request_blocks is None else request_blocks
         for depth, block_hash in enumerate(full_block_hashes[start:], start):
             if block_hash in self._refcount:
                 self._ref(block_hash, now_s, hit=False)
@@ -231,7 +247,7 @@ class BlockPool:
                 parent = full_block_hashes[depth - 1] if depth else None
                 if self._index is not None:
                     self._index.on_stored(block_hash, parent, depth, now_s)
-                self._record(now_s, block_hash, "stored", depth, len(full_block_hashes), start)
+                self._record(now_s, block_hash, "stored", depth, total, allocation.reused_blocks)
             allocation.cached_hashes.append(block_hash)
             allocation.private_blocks -= 1
             self._private_blocks -= 1

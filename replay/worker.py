@@ -293,6 +293,7 @@ class SimWorker:
             n = min(request.sequence_tokens - request.computed_tokens, budget)
             flops += self.step_model.prefill_attention_flops(n, request.computed_tokens)
             chunks.append((request, n))
+            self._register(request, request.computed_tokens + n, now_s)
             budget -= n
         lookup_s = 0.0
         while self.waiting and budget > 0 and self._admit_head(now_s):
@@ -307,6 +308,7 @@ class SimWorker:
             n = min(request.sequence_tokens - request.computed_tokens, budget)
             flops += self.step_model.prefill_attention_flops(n, request.computed_tokens)
             chunks.append((request, n))
+            self._register(request, request.computed_tokens + n, now_s)
             budget -= n
         self.step_token += 1
         if not chunks and not n_decode:
@@ -483,12 +485,7 @@ class SimWorker:
         if not request.first_token_out:
             request.prefill_end_s = now_s
             self.first_tokens.append(request)
-        n_full = request.input_tokens // self.block_size_tokens
-        chain = request.full_block_hashes[:n_full]
-        if self.pool.register_prefill(request.allocation, chain, now_s):
-            reused = request.allocation.reused_blocks
-            parent = chain[reused - 1] if reused else None
-            self.events.append((now_s, "stored", list(chain[reused:]), parent, "gpu"))
+        self._register(request, request.sequence_tokens, now_s)
         remaining_steps = request.output_tokens - request.emitted_tokens - 1  # the prefill step made one
         if remaining_steps <= 0:
             self._complete(request, now_s, done)
@@ -500,6 +497,17 @@ class SimWorker:
         # decode step k writes the KV of token sequence + k - 1: a new block when that token opens one
         request.next_block_step = self.decode_steps + (-request.sequence_tokens) % self.block_size_tokens + 1
         heapq.heappush(self._growth, (request.next_block_step, request.request_id, request))
+
+    def _register(self, request: SimRequest, computed_tokens: int, now_s: float) -> None:
+        """Cache the request's full prompt blocks within its first ``computed_tokens`` tokens (those
+        computed, or scheduled in the step starting at ``now_s``), and report the new ones stored."""
+        n_full = request.input_tokens // self.block_size_tokens
+        chain = request.full_block_hashes[: min(n_full, computed_tokens // self.block_size_tokens)]
+        start = len(request.allocation.cached_hashes)
+        stored = self.pool.register_prefill(request.allocation, chain, now_s, request_blocks=n_full)
+        if stored:
+            parent = chain[start - 1] if start else None
+            self.events.append((now_s, "stored", stored, parent, "gpu"))
 
     def _advance_decode(self, now_s: float) -> list[SimRequest]:
         done: list[SimRequest] = []

@@ -235,22 +235,25 @@ def test_cache_on_reuses_exact_prefixes():
 
 
 def test_the_log_splits_a_promise_into_stored_and_in_flight():
-    # request 1 arrives 1 ms after request 0, while request 0's 250-block prompt is still in its first
-    # step: the router promises those blocks from its in-flight index (the directory has none yet), and
-    # they are stored before request 1's first chunk; request 2 finds them stored
+    # request 0 fills the first step; request 1 (a 250-block prompt) queues behind it, and request 2,
+    # of the same family, arrives before request 1 is scheduled: the router promises request 1's
+    # blocks from its in-flight index (the directory has none yet). Both are scheduled in the next
+    # step, request 1 first, whose blocks are cached as the step is formed (vLLM's allocate_slots),
+    # so request 2 finds them. Request 3 finds them stored.
     system = range(1, 251)
     trace = make_trace(
         [
-            (0.0, 4000, 1, blocks(system, 1000, 4000)),
-            (0.001, 4032, 1, blocks(system, 2000, 4032)),
+            (0.0, 8000, 1, blocks(range(5000, 5500), 5000, 8000)),
+            (0.001, 4000, 1, blocks(system, 1000, 4000)),
+            (0.002, 4032, 1, blocks(system, 2000, 4032)),
             (30.0, 4032, 1, blocks(system, 3000, 4032)),
         ]
     )
     result = run(trace)
     req = result.requests
-    assert req["predicted_reuse_tokens"].tolist() == [0, 4000, 4000]
-    assert req["directory_reuse_tokens"].tolist() == [0, 0, 4000]
-    assert req["actual_reuse_tokens"].tolist() == [0, 4000, 4000]
+    assert req["predicted_reuse_tokens"].tolist() == [0, 0, 4000, 4000]
+    assert req["directory_reuse_tokens"].tolist() == [0, 0, 0, 4000]
+    assert req["actual_reuse_tokens"].tolist() == [0, 0, 4000, 4000]
     summary = summarise(result, n_workers=1)
     assert (summary["promised_in_flight_share"], summary["in_flight_recomputed_share"]) == (0.5, 0.0)
 

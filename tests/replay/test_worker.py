@@ -104,7 +104,7 @@ def test_one_request_on_an_idle_worker():
     assert q + lk + x + p + f == approx(r.first_token_s - r.arrival_s)
     assert r.first_token_s - r.arrival_s == approx(0.066035)
     assert worker.step_end_s is None and worker.queued_prefill_tokens == 0
-    assert worker.events == [(r.prefill_end_s, "stored", [1, 2, 3, 4], None, "gpu")]
+    assert worker.events == [(r.admitted_s, "stored", [1, 2, 3, 4], None, "gpu")]  # cached as the step is formed
     assert (worker.pool.used_blocks, worker.pool.eviction_order()) == (0, [4, 3, 2, 1])
 
 
@@ -177,7 +177,7 @@ def test_prefix_reuse_after_the_first_request_finished():
     # 22 tokens after 30 of context: 22 ms + 22 × 41.5 µs + 1 ms; lookup 10 + 5 ms
     assert b.lookup_s == approx(0.015)
     assert b.prefill_end_s == approx(1.0 + 0.015 + 0.022 + 0.000913 + 0.001)
-    assert worker.events[-1] == (b.prefill_end_s, "stored", [7, 8], 3, "gpu")
+    assert worker.events[-1] == (b.admitted_s, "stored", [7, 8], 3, "gpu")  # cached as the step is formed
     assert worker.pool.eviction_order() == [4, 8, 7, 3, 2, 1]
 
 
@@ -476,4 +476,21 @@ def test_a_request_preempted_during_its_prefill_counts_the_lost_time_in_its_queu
     q, lk, x, p, f = terms(b)
     assert q == approx(a.finish_s - 0.04)
     assert q + lk + x + p + f == approx(b.first_token_s - b.arrival_s)
-    assert b.reused_tokens == 0  # its chunks were not cached before its prefill ended
+    # its chunks were cached as they were scheduled (vLLM's allocate_slots), so the readmission finds
+    # the 39 blocks (390 tokens) that a's growth did not evict after the preemption freed them
+    assert b.reused_tokens == 390
+
+
+def test_a_request_admitted_before_a_sibling_prefill_ends_reuses_the_chunks_already_scheduled():
+    # a's 305 tokens take four steps (100, 100, 100, 5 tokens); b, of the same family, arrives during
+    # the first and is admitted with a's last chunk, before a's prefill ends. vLLM caches each chunk's
+    # full blocks as the step is scheduled (allocate_slots → cache_blocks), so b finds all 30 of a's
+    # full blocks; caching only at the end of a's prefill would have given it none.
+    worker = make_worker()
+    a = req(0, 0.0, 305, 1, range(1, 32))
+    b = req(1, 0.05, 320, 1, [*range(1, 31), 40, 41])
+    drive(worker, [a, b])
+    assert b.admitted_s < a.prefill_end_s
+    assert b.reused_tokens == 300
+    stored = [(hashes[0], len(hashes)) for _, kind, hashes, _, _ in worker.events if kind == "stored"]
+    assert stored == [(1, 10), (11, 10), (21, 10), (40, 2)]  # one event per scheduled chunk
