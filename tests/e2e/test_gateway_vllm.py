@@ -433,6 +433,11 @@ def _score(url: str, prompt: list[int]) -> dict:
     return httpx.post(f"{url}/v1/score", json=body, timeout=10).json()["candidates"][0]
 
 
+#: Seconds the restart test waits for engine 0 to stream part of its burst before it gives up (the burst
+#: is sent over 4 s; a CI run once hung here when the learned router sent all of it to engine 1).
+BURST_WAIT_S = 60.0
+
+
 async def _running(engine: VLLMEngine) -> float:
     """The engine's ``vllm:num_requests_running`` (0 when its ``/metrics`` does not answer)."""
     try:
@@ -452,7 +457,10 @@ def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_bac
     async def run():
         sending = asyncio.create_task(send_open_loop(exact.url, burst, 10.0))
         await asyncio.sleep(1.0)
+        deadline_s = time.monotonic() + BURST_WAIT_S
         while await _running(engines[0]) < 1:  # kill while engine 0 streams
+            if time.monotonic() > deadline_s:  # fail, not hang: the router may send the whole burst to engine 1
+                raise AssertionError(f"engine 0 streamed none of the burst within {BURST_WAIT_S:.0f} s")
             await asyncio.sleep(0.1)
         engines[0].kill()  # a crash mid-run: streams from it are cut, connections to it refused
         return await sending
