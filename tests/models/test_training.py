@@ -125,18 +125,24 @@ def test_training_recovers_a_known_relation():
     assert model_set.metadata["rows"] == {"train": 1200, "calibration": 600, "holdout": 1200}
 
 
-def test_rows_observed_with_ttft_alone_train_only_the_calibration():
-    """A live service may log TTFT without its terms (NULL): each term trains on the rows that have it."""
+def _doubled_queue_frame(n: int = 1000, other_terms_s: float = 0.0) -> pd.DataFrame:
+    """``n`` rows (seed 0) whose actual queue is twice its nominal (uniform 0–2 s); every other term is
+    ``other_terms_s``; TTFT = the queue; arrivals 1 s apart."""
     rng = np.random.default_rng(0)
-    n = 1000
     x = np.zeros((n, len(FEATURE_NAMES)))
     x[:, FEATURE_INDEX["nominal_queue_s"]] = rng.uniform(0, 2, n)
     frame = pd.DataFrame(x, columns=list(FEATURE_NAMES))
     for term in TERMS:
-        frame[f"actual_{term}_s"] = 0.0
+        frame[f"actual_{term}_s"] = other_terms_s
     frame["actual_queue_s"] = 2 * frame["nominal_queue_s"]
     frame["actual_ttft_s"] = frame["actual_queue_s"]
     frame["arrival_s"] = np.arange(n, dtype=float)
+    return frame
+
+
+def test_rows_observed_with_ttft_alone_train_only_the_calibration():
+    """A live service may log TTFT without its terms (NULL): each term trains on the rows that have it."""
+    frame = _doubled_queue_frame(other_terms_s=0.0)
     frame.loc[::2, [f"actual_{t}_s" for t in TERMS]] = np.nan  # every other row: TTFT only
     split = split_by_time(frame)
     ev = evaluate(train_term_set(split, "lightgbm", num_boost_round=100), split.holdout)
@@ -169,17 +175,9 @@ def test_unchosen_features_are_the_rejected_candidates_of_the_training_requests(
 
 def test_rows_with_an_unknown_ttft_are_left_out_of_the_calibration_and_the_metrics():
     """A gateway logs a non-streamed request's TTFT as unknown (NULL): MAE and coverage stay numbers."""
-    rng = np.random.default_rng(0)
-    n = 1000
-    x = np.zeros((n, len(FEATURE_NAMES)))
-    x[:, FEATURE_INDEX["nominal_queue_s"]] = rng.uniform(0, 2, n)
-    frame = pd.DataFrame(x, columns=list(FEATURE_NAMES))
-    for term in TERMS:
-        frame[f"actual_{term}_s"] = np.nan
-    frame["actual_queue_s"] = 2 * frame["nominal_queue_s"]
+    frame = _doubled_queue_frame(other_terms_s=np.nan)
     frame["actual_ttft_s"] = frame["actual_queue_s"] + 0.25
     frame.loc[::5, "actual_ttft_s"] = np.nan  # every fifth request was not streamed
-    frame["arrival_s"] = np.arange(n, dtype=float)
     split = split_by_time(frame)
     model_set = train_term_set(split, "lightgbm", num_boost_round=100)
     assert np.isfinite(model_set.conformal.upper_bounds(np.array([1.0]))[0.9]).all()
