@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import re
 from collections.abc import AsyncIterator, Iterable
 from typing import Annotated
 
@@ -48,7 +49,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.models.reuse import load_reuse_model
@@ -342,6 +343,25 @@ async def observe(request: Request, service: ServiceDep) -> Response:
 
 workers = APIRouter(prefix="/v1/workers", tags=["workers"])
 
+_CANONICAL_INTEGER = re.compile(r"0|[1-9][0-9]*")
+
+
+def _canonical_integer(value: object) -> object:
+    """A path id as written in decimal digits only ("7"), never "+7", "07", "7.0" or " 7".
+
+    Pydantic's lax mode reads all of these as 7, so one worker had many spellings, and the
+    OpenAPI type (integer) was not what was checked.
+
+    Raises:
+        ValueError: a string in another form (FastAPI answers 422 naming the path parameter).
+    """
+    if isinstance(value, str) and not _CANONICAL_INTEGER.fullmatch(value):
+        raise ValueError(f"expected an integer in decimal digits without sign or leading zeros, got {value!r}")
+    return value
+
+
+WorkerIdPath = Annotated[int, BeforeValidator(_canonical_integer), Path(ge=0, le=MAX_ID)]
+
 
 @workers.post(
     "/{worker_id}/snapshot",
@@ -350,9 +370,7 @@ workers = APIRouter(prefix="/v1/workers", tags=["workers"])
     responses=_ERRORS,
     openapi_extra={"requestBody": _json_body_of(SnapshotIn)},
 )
-async def push_snapshot(
-    worker_id: Annotated[int, Path(ge=0, le=MAX_ID)], request: Request, service: ServiceDep
-) -> Response:
+async def push_snapshot(worker_id: WorkerIdPath, request: Request, service: ServiceDep) -> Response:
     """Store the worker's load snapshot, used for candidates that carry none inline."""
     body = await _body_of(request, SnapshotIn)
     return body if isinstance(body, Response) else _json(service.push_snapshot(worker_id, body))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvcost.core.types import blocks_to_allocate
+from kvcost.features.nominal import DEFAULT_EXPECTED_DECODE_TOKENS
 from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyContext, RouterPolicy, argmin_stable
 
 
@@ -75,39 +77,124 @@ def duplicate_price_s(ctx: PolicyContext) -> np.ndarray:
     return memory_pressure(ctx) * (reuse.max() - reuse) * per_token_s
 
 
+def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS) -> np.ndarray:
+    """What the KV memory a request holds costs the requests queued behind it, seconds ``(n,)``, ≥ 0.
+
+    Price on candidate i = memory pressure × new blocks × hold seconds ÷ KV capacity × waiting:
+
+    * **new blocks**: what the request allocates at admission there,
+      :func:`~kvcost.core.types.blocks_to_allocate` (its prompt less the prefix i holds);
+    * **hold seconds**: ``hold_tokens`` decode steps at i's decode step time with the request in
+      the batch (``step_s(running + 1, 0, decode context + input)``). The requests behind it wait
+      for blocks that running requests release; by the time they wait, this request is one of
+      those running requests, with about a running request's remaining output left, so the
+      default is the router's stated mean remaining output
+      (:data:`~kvcost.features.nominal.DEFAULT_EXPECTED_DECODE_TOKENS`), the assumption the
+      KV-wait estimate makes too;
+    * **÷ capacity**: a worker whose memory binds admits requests as blocks come free. It has
+      ``capacity`` block-seconds a second, so holding B blocks for T seconds takes
+      ``B × T ÷ capacity`` seconds of its admission capacity. Each request admitted after this
+      one is delayed that long;
+    * **waiting**: how many requests that delay reaches. In a backlog that persists, the requests
+      arriving behind a request during its wait are as many as it found waiting (Little's law,
+      L = λW), so the waiting count now stands for them;
+    * **memory pressure** (:func:`memory_pressure`): how close the worker is to the point where
+      memory binds. With free blocks, holding them delays no one.
+
+    Why it is needed: the queue term prices the prefill queued ahead of a request, not the
+    admission stall when KV memory is full. In a burst (kvcost issue 13, ``gen:mix`` on 4 workers:
+    ``docs/routing-unseen-workloads.md``) ``cost_aware`` kept sending requests to a worker with
+    576 running decoders and no free block. Its predicted queue was 0–0.9 s, the queue it got was
+    5–11 s, and every worker ended memory-bound. The decoders' true remaining outputs do not
+    help when put in the queue estimate instead (an upper bound, measured): the request then
+    leaves its prefix holder and stores a second copy elsewhere. Pricing the memory the request
+    takes does the opposite. A request that brings its own prefix costs many blocks, one that
+    finds it costs a few, so families stay where their prefix is and more decoders fit in the
+    same memory.
+
+    Why it should hold on other workloads: nothing in it is fitted. Blocks, capacity, pressure,
+    the waiting count and the step time come from each snapshot and the GPU type's profile. The
+    hold is the one stated assumption. It is zero wherever memory is free or nothing waits, so
+    light load routes as before.
+
+    Raises:
+        KeyError: a candidate whose price is not zero has a GPU type without a step model in
+            ``ctx.step_models``.
+    """
+    request = ctx.request
+    block_size = request.namespace.block_size_tokens
+    pressure = memory_pressure(ctx)
+    price = np.zeros(len(ctx.snapshots))
+    for i, (s, reuse) in enumerate(zip(ctx.snapshots, ctx.reusable_tokens.tolist(), strict=True)):
+        if s.kv_capacity_blocks <= 0 or s.waiting_requests == 0 or pressure[i] == 0:
+            continue
+        batch_context = s.decode_context_tokens + request.input_tokens
+        step_s = ctx.step_models[s.gpu].step_s(s.running_requests + 1, 0.0, batch_context)
+        blocks = blocks_to_allocate(request.input_tokens, reuse, block_size)
+        price[i] = pressure[i] * blocks * hold_tokens * step_s / s.kv_capacity_blocks * s.waiting_requests
+    return price
+
+
 @ROUTER_POLICIES.register("cost_aware")
 class CostAwarePolicy(RouterPolicy):
     """Lowest predicted TTFT on the critical path plus what the choice leaves behind, among workers
     within the hot-spot skew limit.
 
     Weighs cache reuse (shorter prefill) against load (longer queue) through the
-    predicted terms, as in docs/architecture.md §1's hot/cold example, and adds the
-    price of duplicating a prefix another worker holds (:func:`duplicate_price_s`).
+    predicted terms, as in docs/architecture.md §1's hot/cold example, and adds two prices of
+    what the choice does to other requests: duplicating a prefix another worker holds
+    (:func:`duplicate_price_s`) and holding KV memory on a worker whose memory binds
+    (:func:`memory_hold_price_s`).
 
     Args:
         seed: unused (ties go to the less loaded, then the lower index).
-        duplicate_price_weight: factor on :func:`duplicate_price_s` (≥ 0; 1 by default,
-            0 ranks by the predicted TTFT alone).
+        duplicate_price_weight: factor on :func:`duplicate_price_s` (≥ 0; 1 by default).
+        memory_price_weight: factor on :func:`memory_hold_price_s` (≥ 0; 1 by default).
+            Both at 0 rank by the predicted TTFT alone.
+        hold_tokens: the decode steps :func:`memory_hold_price_s` counts the blocks as held,
+            ≥ 0 (the router's stated mean remaining output by default).
 
     Raises:
-        ValueError: a negative or NaN ``duplicate_price_weight``.
+        ValueError: a negative or NaN weight or ``hold_tokens`` (the message names it).
     """
 
     name = "cost_aware"
     counts_in_flight = True
 
-    def __init__(self, *, seed: int = DEFAULT_SEED, duplicate_price_weight: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        seed: int = DEFAULT_SEED,
+        duplicate_price_weight: float = 1.0,
+        memory_price_weight: float = 1.0,
+        hold_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS,
+    ) -> None:
         super().__init__(seed=seed)
-        if not duplicate_price_weight >= 0:
-            raise ValueError(f"duplicate_price_weight = {duplicate_price_weight}, expected a number ≥ 0")
+        for name, value in (
+            ("duplicate_price_weight", duplicate_price_weight),
+            ("memory_price_weight", memory_price_weight),
+            ("hold_tokens", hold_tokens),
+        ):
+            if not value >= 0:
+                raise ValueError(f"{name} = {value}, expected a number ≥ 0")
         self.duplicate_price_weight = duplicate_price_weight
+        self.memory_price_weight = memory_price_weight
+        self.hold_tokens = hold_tokens
+
+    def price_s(self, ctx: PolicyContext) -> np.ndarray:
+        """What each choice costs other requests, seconds ``(n,)``: the weighted sum of
+        :func:`duplicate_price_s` and :func:`memory_hold_price_s` (terms at weight 0 are skipped)."""
+        price = np.zeros(len(ctx.snapshots))
+        if self.duplicate_price_weight:
+            price += self.duplicate_price_weight * duplicate_price_s(ctx)
+        if self.memory_price_weight:
+            price += self.memory_price_weight * memory_hold_price_s(ctx, self.hold_tokens)
+        return price
 
     def score_s(self, ctx: PolicyContext) -> np.ndarray:
         """What each candidate is ranked by, seconds ``(n,)``: the composed predicted terms plus
-        ``duplicate_price_weight`` × :func:`duplicate_price_s`."""
-        if self.duplicate_price_weight == 0:
-            return ctx.predictions.ttft_s
-        return ctx.predictions.ttft_s + self.duplicate_price_weight * duplicate_price_s(ctx)
+        :meth:`price_s`."""
+        return ctx.predictions.ttft_s + self.price_s(ctx)
 
     def choose(self, ctx: PolicyContext) -> tuple[int, str]:
         """Candidate with the smallest score (:meth:`score_s`); ties to the less loaded, then lower index."""
@@ -120,7 +207,7 @@ class CostAwarePolicy(RouterPolicy):
         price_ms = (score_s[index] - ttft_s[index]) * 1e3
         reason = f"min predicted TTFT {ttft_s[index] * 1e3:.1f} ms"
         if price_ms > 0:
-            reason = f"min predicted TTFT + duplicate price {ttft_s[index] * 1e3:.1f} + {price_ms:.1f} ms"
+            reason = f"min predicted TTFT + price {ttft_s[index] * 1e3:.1f} + {price_ms:.1f} ms"
         reason += f", reuse {ctx.reusable_tokens[index]} tokens"
         most_reuse = int(np.argmax(ctx.reusable_tokens))
         if most_reuse != index and ctx.reusable_tokens[most_reuse] > ctx.reusable_tokens[index]:

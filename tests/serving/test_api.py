@@ -289,6 +289,20 @@ def test_service_level_input_errors_are_422_naming_the_field(client):
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["path", "worker_id"]
 
 
+@pytest.mark.parametrize(("spelling", "read"), [("+0.0", "+0.0"), ("07", "07"), ("7.0", "7.0"), ("%207", " 7")])
+def test_a_worker_id_is_read_only_in_decimal_digits(client, spelling, read):
+    # pydantic's lax mode reads each of these as an integer; a worker has one spelling
+    response = client.post(f"/v1/workers/{spelling}/snapshot", json={}, headers=AUTH)
+    assert response.status_code == 422
+    assert response.json()["detail"] == [
+        {
+            "loc": ["path", "worker_id"],
+            "msg": f"expected an integer in decimal digits without sign or leading zeros, got {read!r}",
+            "type": "value_error",
+        }
+    ]
+
+
 def test_block_hashes_route_like_token_ids(client):
     ns = Namespace("m", block_size_tokens=BLOCK)
     hashes = list(block_hashes_for(list(range(100)), BLOCK, ns))

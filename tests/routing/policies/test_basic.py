@@ -6,12 +6,14 @@ import pytest
 from kvcost.core.composition import TermPredictions
 from kvcost.core.types import Namespace, RouteRequest
 from kvcost.routing.policies import ROUTER_POLICIES, PolicyContext, make_policy
-from kvcost.routing.policies.basic import duplicate_price_s, memory_pressure
+from kvcost.routing.policies.basic import duplicate_price_s, memory_hold_price_s, memory_pressure
 
 REQUEST = RouteRequest(0, 0.0, 1000, (1,), Namespace("linear"))
 
 
-def context(make_snapshot, queue_s, prefill_s, reusable=None, load=None, allowed=None, snapshot_fields=None):
+def context(
+    make_snapshot, queue_s, prefill_s, reusable=None, load=None, allowed=None, snapshot_fields=None, step_models=None
+):
     n = len(queue_s)
     zeros = np.zeros(n)
     predictions = TermPredictions(
@@ -28,6 +30,7 @@ def context(make_snapshot, queue_s, prefill_s, reusable=None, load=None, allowed
         predictions=predictions,
         load_tokens=np.array(load if load is not None else [0] * n, dtype=np.float64),
         allowed=np.array(allowed if allowed is not None else [True] * n),
+        step_models=step_models or {},
     )
 
 
@@ -131,11 +134,65 @@ def test_cost_aware_keeps_the_prefix_holder_under_memory_pressure_only(make_snap
     index, reason = make_policy("cost_aware").choose(ctx)
     assert index == 1
     assert reason == (
-        "min predicted TTFT + duplicate price 210.0 + 36.0 ms, reuse 0 tokens; best-hit worker 10 not chosen (270.0 ms)"
+        "min predicted TTFT + price 210.0 + 36.0 ms, reuse 0 tokens; best-hit worker 10 not chosen (270.0 ms)"
     )
 
 
-@pytest.mark.parametrize("weight", [-0.5, float("nan")])
-def test_cost_aware_refuses_a_negative_duplicate_price_weight(weight):
-    with pytest.raises(ValueError, match=f"duplicate_price_weight = {weight}, expected a number ≥ 0"):
-        make_policy("cost_aware", duplicate_price_weight=weight)
+def _memory_bound(waiting: int, **fields) -> dict:
+    """A worker whose KV is full: 100 blocks, 3 decoders over 9,000 context tokens, ``waiting`` queued."""
+    return {
+        "kv_usage": 1.0,
+        "kv_capacity_blocks": 100,
+        "running_requests": 3,
+        "decode_context_tokens": 9000,
+        "waiting_prefill": ((10, 0),) * waiting,
+    } | fields
+
+
+def test_memory_hold_price_is_blocks_times_hold_over_capacity_times_waiting(make_snapshot, linear_step_model):
+    # 1000-token request, 512-token blocks: 1 new block where 800 tokens are held, 2 elsewhere.
+    # Decode step with the request: 1 µs × 4 + 1e-6 s × (9000 + 1000) + 1 ms = 11.004 ms; 172 steps held.
+    fields = [
+        _memory_bound(2),
+        _memory_bound(2),
+        _memory_bound(0),  # nothing waits: no one to delay
+        _memory_bound(2, kv_capacity_blocks=0),  # capacity unknown
+        _memory_bound(2, kv_usage=0.25),  # pressure 0.25
+    ]
+    ctx = context(
+        make_snapshot,
+        [0.0] * 5,
+        [0.0] * 5,
+        reusable=[800, 0, 0, 0, 0],
+        snapshot_fields=fields,
+        step_models={"linear-gpu": linear_step_model},
+    )
+    held_s = 172 * 0.011004 / 100 * 2
+    assert memory_hold_price_s(ctx).tolist() == pytest.approx([held_s, 2 * held_s, 0.0, 0.0, 0.25 * 2 * held_s])
+    assert memory_hold_price_s(ctx, hold_tokens=86).tolist() == pytest.approx(
+        [held_s / 2, held_s, 0.0, 0.0, 0.25 * held_s]
+    )
+
+
+def test_cost_aware_keeps_a_family_on_its_memory_bound_holder_when_requests_wait(make_snapshot, linear_step_model):
+    # holder 400 ms, cold 210 ms + duplicate price 800 × 0.18 ms = 354 ms: the cold worker wins
+    # without the memory price; with 10 waiting on both, the cold copy's 2 blocks cost 378.5 ms
+    # against the holder's 1 block, 189.3 ms
+    fields = [_memory_bound(10), _memory_bound(10)]
+    ctx = context(
+        make_snapshot,
+        [0.38, 0.03],
+        [0.02, 0.18],
+        reusable=[800, 0],
+        snapshot_fields=fields,
+        step_models={"linear-gpu": linear_step_model},
+    )
+    assert make_policy("cost_aware", memory_price_weight=0.0).choose(ctx)[0] == 1
+    assert make_policy("cost_aware").choose(ctx) == (0, "min predicted TTFT + price 400.0 + 189.3 ms, reuse 800 tokens")
+
+
+@pytest.mark.parametrize("name", ["duplicate_price_weight", "memory_price_weight", "hold_tokens"])
+@pytest.mark.parametrize("value", [-0.5, float("nan")])
+def test_cost_aware_refuses_a_negative_weight_or_hold(name, value):
+    with pytest.raises(ValueError, match=f"{name} = {value}, expected a number ≥ 0"):
+        make_policy("cost_aware", **{name: value})
