@@ -350,7 +350,9 @@ def _canonical_integer(value: object) -> object:
     """A path id as written in decimal digits only ("7"), never "+7", "07", "7.0" or " 7".
 
     Pydantic's lax mode reads all of these as 7, so one worker had many spellings, and the
-    OpenAPI type (integer) was not what was checked.
+    OpenAPI type (integer) was not what was checked. ``Path`` comes first in the annotation:
+    after a validator, FastAPI writes its bounds as ``ge``/``le`` instead of OpenAPI's
+    ``minimum``/``maximum``.
 
     Raises:
         ValueError: a string in another form (FastAPI answers 422 naming the path parameter).
@@ -360,7 +362,7 @@ def _canonical_integer(value: object) -> object:
     return value
 
 
-WorkerIdPath = Annotated[int, BeforeValidator(_canonical_integer), Path(ge=0, le=MAX_ID)]
+WorkerIdPath = Annotated[int, Path(ge=0, le=MAX_ID), BeforeValidator(_canonical_integer)]
 
 
 @workers.post(

@@ -289,6 +289,11 @@ def test_service_level_input_errors_are_422_naming_the_field(client):
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["path", "worker_id"]
 
 
+def test_the_worker_id_path_parameter_keeps_its_openapi_bounds(client):
+    parameters = client.get("/openapi.json").json()["paths"]["/v1/workers/{worker_id}/snapshot"]["post"]["parameters"]
+    assert parameters[0]["schema"] == {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "title": "Worker Id"}
+
+
 @pytest.mark.parametrize(("spelling", "read"), [("+0.0", "+0.0"), ("07", "07"), ("7.0", "7.0"), ("%207", " 7")])
 def test_a_worker_id_is_read_only_in_decimal_digits(client, spelling, read):
     # pydantic's lax mode reads each of these as an integer; a worker has one spelling
