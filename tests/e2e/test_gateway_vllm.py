@@ -410,18 +410,36 @@ def test_openai_surface_models_non_streamed_errors_and_a_client_that_disconnects
     assert running == 0  # the engine's request was aborted, not left generating 1,500 tokens
 
 
+def _kvcost(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run the ``kvcost`` command of this environment in ``workdir``; its output tail is printed."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "kvcost"), *args], capture_output=True, text=True, cwd=workdir
+    )
+    print(done.stdout[-2000:], done.stderr[-2000:])
+    return done
+
+
 def test_train_on_the_gateways_log_and_the_service_reloads_the_model(exact, workdir):
+    """One retraining round on the live log registers a model set; the service reloads the champion.
+
+    The round's gate may refuse the challenger (a few hundred requests of one run; it compares the
+    TTFT MAE with the analytic model's on the same holdout), and that is the gate working: exit 1
+    with the reason printed. The reload path is then exercised through a forced promotion, whose
+    reason is recorded, as an operator would do it.
+    """
     with phase("kvcost retrain on the live log + reload"):
         segments = exact.db.parent / f"{exact.db.stem}-segments"
         uri = f"sqlite:///{workdir}/mlflow.db"
-        done = subprocess.run(
-            [str(Path(sys.executable).parent / "kvcost"), "retrain", "--every-s", "1", "--iterations", "1",
-             "--db", str(segments), "--mlflow-uri", uri],
-            capture_output=True, text=True, cwd=workdir,
-        )  # fmt: skip
-        print(done.stdout[-2000:], done.stderr[-2000:])
-        assert done.returncode == 0
+        done = _kvcost(workdir, "retrain", "--every-s", "1", "--iterations", "1", "--db", str(segments),
+                       "--mlflow-uri", uri)  # fmt: skip
+        assert done.returncode in (0, 1), "the round could not read the log or train"
+        assert "1 round(s)" in done.stdout
+        if done.returncode == 1:
+            forced = _kvcost(workdir, "models", "promote", "--force", "--reason", "e2e: exercise the reload path",
+                             "--mlflow-uri", uri)  # fmt: skip
+            assert forced.returncode == 0
         reloaded = httpx.post(f"{exact.url}/v1/cost-models/reload", timeout=120).json()
+    print(f"[e2e] retrain exit {done.returncode} ({'promoted' if done.returncode == 0 else 'refused, then forced'})")
     print(f"[e2e] reloaded: {reloaded}")
     assert (reloaded["status"], reloaded["kind"], reloaded["source"]) == ("ready", "learned", "champion")
 
