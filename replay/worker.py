@@ -485,7 +485,6 @@ class SimWorker:
         if not request.first_token_out:
             request.prefill_end_s = now_s
             self.first_tokens.append(request)
-        self._register(request, request.sequence_tokens, now_s)
         remaining_steps = request.output_tokens - request.emitted_tokens - 1  # the prefill step made one
         if remaining_steps <= 0:
             self._complete(request, now_s, done)
