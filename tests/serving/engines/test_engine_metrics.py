@@ -5,6 +5,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -307,6 +308,41 @@ def test_a_slow_engine_times_out(servers):
         assert asyncio.run(scraper.scrape_once()) == {0: "timeout"} and pushed == []
     finally:
         release.set()
+
+
+def scripted_transport(failures: list[Exception | None], calls: list[str]) -> httpx.MockTransport:
+    """Answers each GET with the next scripted failure raised, or (None) a vLLM /metrics text."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(str(request.url))
+        failure = failures.pop(0)
+        if failure is not None:
+            raise failure
+        return httpx.Response(200, text=vllm_text())
+
+    return httpx.MockTransport(handler)
+
+
+@pytest.mark.parametrize(
+    ("failures", "result", "calls"),
+    [
+        ([httpx.RemoteProtocolError("Server disconnected without sending a response."), None], "ok", 2),
+        ([httpx.ReadError("connection reset"), None], "ok", 2),
+        ([httpx.RemoteProtocolError("closed"), httpx.RemoteProtocolError("closed again")], "unreachable", 2),
+        ([httpx.ConnectError("All connection attempts failed"), None], "unreachable", 1),
+        ([httpx.ReadTimeout("slow"), None], "timeout", 1),
+    ],
+)
+def test_a_stale_kept_alive_connection_is_retried_once_and_nothing_else_is(failures, result, calls):
+    seen, pushed, urls = [], [], []
+    scraper = EngineMetricsScraper(
+        [ScrapeTarget(0, "http://engine/metrics")], lambda w, s: pushed.append(w), ServiceMetrics(),
+        transport=scripted_transport(list(failures), urls), on_scrape=lambda *a: seen.append(a),
+    )  # fmt: skip
+    assert asyncio.run(scraper.scrape_once()) == {0: result}
+    assert urls == ["http://engine/metrics"] * calls
+    assert pushed == ([0] if result == "ok" else [])
+    assert seen == [(0, VLLM if result == "ok" else None)]  # the liveness hook hears only the final outcome
 
 
 def test_serve_scrapes_on_an_interval_and_scores_with_the_snapshot(tmp_path, servers):
