@@ -415,12 +415,13 @@ def parse_rate_scales(text: str, sizes: Sequence[int]) -> dict[int, dict[str, fl
 
 
 def _plot_bench_queues(rows: list[dict], cell: tuple[int, str], path: Path) -> None:
+    """Worker queues of ``cell``: the best anchor's and kvcost's policies', or, where none of those
+    ran (``--policies least_loaded,oracle``), every policy's."""
     workers, load = cell
     base = best_baseline(rows, workers, load)
     wanted = [name for name in (base, *KVCOST_POLICIES) if name]
-    samples = {
-        r["policy"]: r["worker_samples"]
-        for r in rows
-        if r["workers"] == workers and r["load"] == load and r["policy"] in wanted
-    }
-    plot_queues(samples, path, f"{workers} workers, {load} load (best baseline vs kvcost)")
+    in_cell = [r for r in rows if r["workers"] == workers and r["load"] == load]
+    chosen = [r for r in in_cell if r["policy"] in wanted]
+    caption = "best baseline vs kvcost" if chosen else "every policy"
+    samples = {r["policy"]: r["worker_samples"] for r in chosen or in_cell}
+    plot_queues(samples, path, f"{workers} workers, {load} load ({caption})")

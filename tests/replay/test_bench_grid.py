@@ -117,6 +117,15 @@ def test_bench_quick_writes_every_output(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
 
 
+@pytest.mark.slow
+def test_bench_of_reference_policies_alone_plots_their_queues(tmp_path):
+    args = ["bench", "--quick", "--sizes", "2", "--policies", "least_loaded", "--jobs", "1", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output  # was: no anchor and no kvcost policy → a plot of 0 panels
+    assert {r["policy"] for r in json.loads((tmp_path / "bench.json").read_text())["results"]} == {"least_loaded"}
+    assert (tmp_path / "worker_queues.png").stat().st_size > 0
+
+
 def test_bench_rejects_bad_sizes_and_policies(tmp_path):
     runner = CliRunner()
     bad = runner.invoke(app, ["bench", "--sizes", "four", "--out", str(tmp_path)])
