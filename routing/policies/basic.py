@@ -78,47 +78,44 @@ def duplicate_price_s(ctx: PolicyContext) -> np.ndarray:
 
 
 def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS) -> np.ndarray:
-    """What the KV memory a request holds costs the requests waiting in the fleet, seconds ``(n,)``, ≥ 0.
+    """What the KV memory a request holds costs the requests queued behind it, seconds ``(n,)``, ≥ 0.
 
-    Price on candidate i = memory pressure × new blocks × hold seconds × W ÷ C, where W is the
-    requests waiting on all candidates and C their KV capacity in blocks (both over the candidates
-    whose capacity is known):
+    Price on candidate i = memory pressure × new blocks × hold seconds ÷ KV capacity × waiting:
 
-    * **new blocks**: what the request allocates at admission on i,
+    * **new blocks**: what the request allocates at admission there,
       :func:`~kvcost.core.types.blocks_to_allocate` (its prompt less the prefix i holds);
     * **hold seconds**: ``hold_tokens`` decode steps at i's decode step time with the request in
-      the batch (``step_s(running + 1, 0, decode context + input)``). The requests that wait for
-      blocks wait for running requests to release them; by then this request is one of those, with
-      about a running request's remaining output left, so the default is the router's stated mean
-      remaining output (:data:`~kvcost.features.nominal.DEFAULT_EXPECTED_DECODE_TOKENS`), the
-      assumption the KV-wait estimate makes too;
-    * **W ÷ C**: a fleet whose memory binds admits requests as blocks come free, ``C`` block-seconds
-      a second in all. The router sends each waiting request wherever blocks free first, so the
-      fleet's blocks are one pool for the backlog. Holding B blocks for T seconds takes ``B × T ÷ C``
-      seconds of that pool's admission capacity and delays each of the W waiting requests that long.
-      In a backlog that persists, the requests arriving meanwhile are about as many (Little's law,
-      L = λW), so W stands for them too;
-    * **memory pressure** of i (:func:`memory_pressure`): with free blocks on i, holding them there
-      delays no one.
+      the batch (``step_s(running + 1, 0, decode context + input)``). The requests behind it wait
+      for blocks that running requests release; by the time they wait, this request is one of
+      those running requests, with about a running request's remaining output left, so the
+      default is the router's stated mean remaining output
+      (:data:`~kvcost.features.nominal.DEFAULT_EXPECTED_DECODE_TOKENS`), the assumption the
+      KV-wait estimate makes too;
+    * **÷ capacity**: a worker whose memory binds admits requests as blocks come free. It has
+      ``capacity`` block-seconds a second, so holding B blocks for T seconds takes
+      ``B × T ÷ capacity`` seconds of its admission capacity. Each request admitted after this
+      one is delayed that long;
+    * **waiting**: how many requests that delay reaches. In a backlog that persists, the requests
+      arriving behind a request during its wait are as many as it found waiting (Little's law,
+      L = λW), so the waiting count now stands for them;
+    * **memory pressure** (:func:`memory_pressure`): how close the worker is to the point where
+      memory binds. With free blocks, holding them delays no one.
 
-    Why the fleet's backlog and not i's own: the request that moves off its prefix's holder moves to
-    the worker with the shortest backlog. Priced by i's own waiting count, the copy it brings there
-    cost the least exactly where it is made (kvcost issue 13, ``gen:mix`` on 4 workers: that worker
-    was memory-bound 5 s later, and all four ended with requests waiting; the winning anchor kept
-    the families on their holders and two workers out of the stall:
-    ``docs/routing-unseen-workloads.md``). Priced by the fleet's backlog, a new copy costs the same
-    wherever it lands, and the choice turns on the blocks it allocates.
+    Why it is needed: the queue term prices the prefill queued ahead of a request, not the
+    admission stall when KV memory is full. In a burst (kvcost issue 13, ``gen:mix`` on 4 workers:
+    ``docs/routing-unseen-workloads.md``) ``cost_aware`` kept sending requests to a worker with
+    576 running decoders and no free block. Its predicted queue was 0–0.9 s, the queue it got was
+    5–11 s, and every worker ended memory-bound. The decoders' true remaining outputs do not
+    help when put in the queue estimate instead (an upper bound, measured): the request then
+    leaves its prefix holder and stores a second copy elsewhere. Pricing the memory the request
+    takes does the opposite. A request that brings its own prefix costs many blocks, one that
+    finds it costs a few, so families stay where their prefix is and more decoders fit in the
+    same memory.
 
-    Why a price at all: the queue term prices the prefill queued ahead of a request, not the
-    admission stall when KV memory is full, and putting the stall into the queue estimate (even
-    from the decoders' true remaining output, an upper bound that was measured) sends requests off
-    their prefix holders and makes more copies. A request that brings its own prefix costs many
-    blocks, one that finds it costs a few, so the price keeps families where their prefix is.
-
-    Why it should hold on other workloads: nothing in it is fitted. Blocks, capacity, pressure, the
-    waiting counts and the step time come from each snapshot and the GPU type's profile; the hold
-    is the one stated assumption. It is zero wherever memory is free or nothing waits, so light
-    load routes as before.
+    Why it should hold on other workloads: nothing in it is fitted. Blocks, capacity, pressure,
+    the waiting count and the step time come from each snapshot and the GPU type's profile. The
+    hold is the one stated assumption. It is zero wherever memory is free or nothing waits, so
+    light load routes as before.
 
     Raises:
         KeyError: a candidate whose price is not zero has a GPU type without a step model in
@@ -127,19 +124,14 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_
     request = ctx.request
     block_size = request.namespace.block_size_tokens
     pressure = memory_pressure(ctx)
-    known = [s for s in ctx.snapshots if s.kv_capacity_blocks > 0]
-    waiting = sum(s.waiting_requests for s in known)
     price = np.zeros(len(ctx.snapshots))
-    if waiting == 0:
-        return price
-    waiting_per_block = waiting / sum(s.kv_capacity_blocks for s in known)
     for i, (s, reuse) in enumerate(zip(ctx.snapshots, ctx.reusable_tokens.tolist(), strict=True)):
-        if s.kv_capacity_blocks <= 0 or pressure[i] == 0:
+        if s.kv_capacity_blocks <= 0 or s.waiting_requests == 0 or pressure[i] == 0:
             continue
         batch_context = s.decode_context_tokens + request.input_tokens
         step_s = ctx.step_models[s.gpu].step_s(s.running_requests + 1, 0.0, batch_context)
         blocks = blocks_to_allocate(request.input_tokens, reuse, block_size)
-        price[i] = pressure[i] * blocks * hold_tokens * step_s * waiting_per_block
+        price[i] = pressure[i] * blocks * hold_tokens * step_s / s.kv_capacity_blocks * s.waiting_requests
     return price
 
 
