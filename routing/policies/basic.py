@@ -102,12 +102,11 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_
       memory binds. With free blocks, holding them delays no one.
 
     Why it is needed: the queue term prices the prefill queued ahead of a request, not the
-    admission stall when KV memory is full. In a burst (kvcost issue 13, ``gen:mix`` on 4 workers:
-    ``docs/routing-unseen-workloads.md``) ``cost_aware`` kept sending requests to a worker with
-    576 running decoders and no free block. Its predicted queue was 0–0.9 s, the queue it got was
-    5–11 s, and every worker ended memory-bound. The decoders' true remaining outputs do not
-    help when put in the queue estimate instead (an upper bound, measured): the request then
-    leaves its prefix holder and stores a second copy elsewhere. Pricing the memory the request
+    admission stall when KV memory is full, so in a burst ``cost_aware`` kept choosing workers
+    with no free block (kvcost issue 13; the measurements are in
+    ``docs/routing-unseen-workloads.md``, "The memory a request holds"). Putting the stall into
+    the queue estimate instead, even from the decoders' true remaining output, sends the request
+    off its prefix holder to store a second copy elsewhere. Pricing the memory the request
     takes does the opposite. A request that brings its own prefix costs many blocks, one that
     finds it costs a few, so families stay where their prefix is and more decoders fit in the
     same memory.
