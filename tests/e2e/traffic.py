@@ -14,7 +14,6 @@ import asyncio
 import itertools
 import json
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,39 +235,6 @@ async def _closed_loop(engine_urls: list[str], all_specs: list[Spec], per_engine
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
         await asyncio.gather(*(sender(client, u) for u in engine_urls for _ in range(per_engine_concurrency)))
     return done
-
-
-@dataclass
-class EngineSampler:
-    """Samples each engine's ``vllm:num_requests_waiting`` while traffic runs (the share of samples > 0)."""
-
-    urls: dict[int, str]
-    period_s: float = 0.2
-    samples: dict[int, list[float]] = field(default_factory=dict)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Sample until ``stop`` is set."""
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while not stop.is_set():
-                for worker, url in self.urls.items():
-                    waiting = await _waiting(client, url)
-                    if waiting is not None:
-                        self.samples.setdefault(worker, []).append(waiting)
-                await asyncio.sleep(self.period_s)
-
-    def waiting_share(self, worker: int) -> float:
-        """Share of samples in which ``worker`` had a request waiting."""
-        values = self.samples.get(worker, [])
-        return sum(v > 0 for v in values) / len(values) if values else 0.0
-
-
-async def _waiting(client: httpx.AsyncClient, url: str) -> float | None:
-    try:
-        text = (await client.get(f"{url}/metrics")).text
-    except httpx.HTTPError:
-        return None
-    found = re.findall(r"^vllm:num_requests_waiting\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-    return sum(float(v) for v in found) if found else None
 
 
 def metric(text: str, name: str, **labels: str) -> float:
