@@ -224,8 +224,9 @@ def waited_share(rows: list[dict]) -> dict[int, float]:
     """Per engine, the share of its requests whose engine-reported queue time exceeded :data:`WAITED_S`.
 
     The engine's own per-request measure, over every request (about 200 per engine), replaces sampling
-    ``vllm:num_requests_waiting`` from ``/metrics``: under load that endpoint answered about once a second,
-    so a CI run drew ten samples per engine and read a 10 % share from one of them (stop 27's CI).
+    ``vllm:num_requests_waiting`` from ``/metrics``: under load the sampling loop (both engines, then 0.2 s)
+    came round about once a second (23 rounds in a 21 s run here), so a CI run drew about ten samples per
+    engine and read a 10 % share from one of them (stop 27's CI).
     """
     per_worker: dict[int, list[bool]] = {}
     for r in rows:
