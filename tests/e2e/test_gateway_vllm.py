@@ -220,18 +220,19 @@ def rate_per_s(engines) -> float:
 WAITED_S = 0.01
 
 
-def waited_share(rows: list[dict]) -> dict[int, float]:
-    """Per engine, the share of its requests whose engine-reported queue time exceeded :data:`WAITED_S`.
+def waited_share(rows: list[dict], workers: list[int]) -> dict[int, float]:
+    """Per engine of ``workers``, the share of its requests whose engine-reported queue time exceeded
+    :data:`WAITED_S` (0.0 for an engine that served none; a missing queue time does not count as waiting).
 
     The engine's own per-request measure, over every request (about 200 per engine), replaces sampling
     ``vllm:num_requests_waiting`` from ``/metrics``: under load the sampling loop (both engines, then 0.2 s)
     came round about once a second (23 rounds in a 21 s run here), so a CI run drew about ten samples per
     engine and read a 10 % share from one of them (stop 27's CI).
     """
-    per_worker: dict[int, list[bool]] = {}
+    per_worker: dict[int, list[bool]] = {w: [] for w in workers}
     for r in rows:
-        per_worker.setdefault(int(r["worker_id"]), []).append(r["actual_queue_s"] > WAITED_S)
-    return {w: sum(flags) / len(flags) for w, flags in sorted(per_worker.items())}
+        per_worker[int(r["worker_id"])].append(r["actual_queue_s"] > WAITED_S)
+    return {w: sum(flags) / len(flags) if flags else 0.0 for w, flags in per_worker.items()}
 
 
 def agreement(rows: list[dict]) -> dict[str, int]:
@@ -292,7 +293,7 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
     rows = exact.requests("outcome = 'ok'")
     _print_resets(exact, reset)
     counts = agreement(rows)
-    waiting = waited_share(rows)
+    waiting = waited_share(rows, list(urls))
     chats, salted = sum(s.kind == "chat" for s in all_specs), sum(s.salted for s in all_specs)
     print(f"[e2e] sent {len(results)} ({chats} chat, {salted} salted), failed {len(failed)}; skipped {skipped}")
     routed = {w: sum(r.worker == w for r in results) for w in urls}
