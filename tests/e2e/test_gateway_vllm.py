@@ -224,10 +224,8 @@ def waited_share(rows: list[dict], workers: list[int]) -> dict[int, float]:
     """Per engine of ``workers``, the share of its requests whose engine-reported queue time exceeded
     :data:`WAITED_S` (0.0 for an engine that served none; a missing queue time does not count as waiting).
 
-    The engine's own per-request measure, over every request (about 200 per engine), replaces sampling
-    ``vllm:num_requests_waiting`` from ``/metrics``: under load the sampling loop (both engines, then 0.2 s)
-    came round about once a second (23 rounds in a 21 s run here), so a CI run drew about ten samples per
-    engine and read a 10 % share from one of them (stop 27's CI).
+    The engine's own measure over every request, not samples of ``vllm:num_requests_waiting``: under load
+    ``/metrics`` gave about ten samples per engine, too few for a share (``docs/gateway.md``).
     """
     per_worker: dict[int, list[bool]] = {w: [] for w in workers}
     for r in rows:
