@@ -14,6 +14,7 @@ from kvcost.cli.common import PROGRESS_COLUMNS, console, guard
 from kvcost.cli.options import with_settings
 from kvcost.cli.tables import BENCH
 from kvcost.replay.runner import bench_policies, execute_bench, parse_rate_scales
+from kvcost.replay.sensitivity import execute_sensitivity, sensitivity_traces
 from kvcost.replay.settings import ReplaySettings
 
 
@@ -31,6 +32,13 @@ def bench(
             "(copied from a previous bench.json's load_levels)."
         ),
     ] = None,
+    sensitivity: Annotated[
+        bool,
+        typer.Option(
+            help="Bench every variant of a generated workload with one parameter × 0.5 and × 2 (--trace "
+            "gen:<shape>); each variant calibrates its own load levels. Writes sensitivity.json and .md."
+        ),
+    ] = False,
 ) -> None:
     """Every policy at ~60/80/95 % utilisation on 4 and 8 workers: bench.json, bench.md, plots."""
 
@@ -39,10 +47,17 @@ def bench(
             size_list = [int(x) for x in sizes.split(",") if x.strip()]
         except ValueError:
             raise ValueError(f"sizes = {sizes!r}, expected comma-separated integers such as '4,8'") from None
+        if sensitivity and rate_scales is not None:
+            raise ValueError(
+                f"rate_scales = {rate_scales!r} with --sensitivity, expected none (each variant calibrates its own)"
+            )
         given = parse_rate_scales(rate_scales, size_list) if rate_scales is not None else None
         return size_list, bench_policies([p.strip() for p in policies.split(",")] if policies else None), given
 
     size_list, names, given = guard(parse)
+    if sensitivity:
+        _sensitivity(settings, size_list, names, quick, jobs)
+        return
     with Progress(*PROGRESS_COLUMNS, console=console) as progress:
         task = progress.add_task("bench cells", total=len(size_list) * 3 * len(names))
         result = guard(
@@ -59,6 +74,31 @@ def bench(
             )
         )
     print_bench(result)
+
+
+def _sensitivity(settings: ReplaySettings, sizes: list[int], policies: list[str], quick: bool, jobs: int) -> None:
+    """``--sensitivity``: the bench of every variant, then one line per kvcost policy."""
+    traces = guard(lambda: sensitivity_traces(settings.trace, settings.seed))
+    with Progress(*PROGRESS_COLUMNS, console=console) as progress:
+        task = progress.add_task("sensitivity cells", total=len(traces) * len(sizes) * 3 * len(policies))
+        result = guard(
+            lambda: execute_sensitivity(
+                settings.trace,
+                sizes=sizes,
+                policies=policies,
+                quick=quick,
+                seed=settings.seed,
+                jobs=jobs,
+                out=settings.out,
+                progress=lambda n: progress.advance(task, n),
+            )
+        )
+    for policy, s in result["summary"].items():
+        console.print(
+            f"{policy}: P99 ÷ best anchor {s['geomean_p99_vs_best_anchor']:.3f} (geometric mean over {s['rows']} "
+            f"rows), {s['rows_lost']} lost, P50 ≤ the anchors' lowest in {s['p50_at_or_below_anchors']}"
+        )
+    console.print(f"report: {Path(result['out']) / 'sensitivity.md'}")
 
 
 def print_bench(result: dict) -> None:

@@ -2,6 +2,9 @@
 
 import math
 
+from typer.testing import CliRunner
+
+from kvcost.cli import app
 from kvcost.cli.bench import print_bench
 from kvcost.cli.common import console
 
@@ -34,3 +37,13 @@ def test_constant_load_levels_have_no_calibration_lines():
     with console.capture() as captured:
         print_bench(result)
     assert "calibration reached" not in captured.get()
+
+
+def test_the_cli_refuses_given_rate_scales_and_a_recorded_trace_in_one_line(tmp_path):
+    runner = CliRunner()
+    given = ["bench", "--trace", "gen:mix", "--sensitivity", "--rate-scales", "4=1,2,3", "--sizes", "4"]
+    result = runner.invoke(app, [*given, "--out", str(tmp_path / "a")])
+    assert result.exit_code == 2 and "--rate-scales = '4=1,2,3' with --sensitivity, expected none" in result.output
+    result = runner.invoke(app, ["bench", "--sensitivity", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 2 and "mooncake-conversation" in result.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
