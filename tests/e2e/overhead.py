@@ -1,5 +1,8 @@
 """The gateway's cost, measured against one real vLLM engine: ``.venv/bin/python -m tests.e2e.overhead``.
 
+``--engine null`` measures it against :mod:`tests.e2e.null_engine` instead, an HTTP server that
+answers at once: the gateway's own added TTFT, without a real engine's CPU on the same cores.
+
 * **Added TTFT**: requests sent straight to the engine and through the gateway
   (fronting that one engine alone), interleaved, in one run at 50 requests/s:
   TTFT at the first streamed chunk as the client sees it, P50 / P99 of each path
@@ -28,6 +31,7 @@ import numpy as np
 
 from kvcost.serving.gateway.tokenize import EngineTokenizer, LocalTokenizer
 from tests.e2e.engines import VLLMEngine, free_port, start_all
+from tests.e2e.null_engine import NullEngine
 from tests.e2e.test_gateway_vllm import ENGINE_VENV, ROOT, KvcostServe
 from tests.e2e.traffic import Spec, block_text, block_tokens, send
 
@@ -89,23 +93,41 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _start_engine(kind: str, work: Path) -> tuple[VLLMEngine | NullEngine, list[str]]:
+    """The started engine and the gateway's tokenizer arguments (the tiny model's tokenizer for vLLM)."""
+    if kind == "null":
+        engine = NullEngine(free_port(), work)
+        engine.start()
+        return engine, []
+    model = work / "tiny-model"
+    subprocess.run([str(ENGINE_VENV / "bin/python"), str(ROOT / "tests/e2e/tiny_model.py"), str(model)], check=True)
+    engine = VLLMEngine(model, free_port(), free_port(), free_port(), num_gpu_blocks=2000, log_dir=work)
+    start_all([engine], timeout_s=400)
+    return engine, ["--tokenizer", str(model)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=50.0, help="requests/s, both paths together")
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--warm-up", type=int, default=200, help="requests sent first, not timed")
+    parser.add_argument(
+        "--engine",
+        choices=("vllm", "null"),
+        default="vllm",
+        help="vllm: one real engine (needs make engine); null: tests.e2e.null_engine, which answers at once, "
+        "so the added TTFT is the gateway's own (no tokenization costs then)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvcost-overhead-"))
-    model = work / "tiny-model"
-    subprocess.run([str(ENGINE_VENV / "bin/python"), str(ROOT / "tests/e2e/tiny_model.py"), str(model)], check=True)
-    engine = VLLMEngine(model, free_port(), free_port(), free_port(), num_gpu_blocks=2000, log_dir=work)
-    start_all([engine], timeout_s=400)
+    engine, gateway_args = _start_engine(args.engine, work)
     serve = KvcostServe(
-        ["--engine", f"0={engine.base_url}", "--tokenizer", str(model), "--analytic-only", "--block-size-tokens",
-         "32", "--prefix-caching-hash-algo", "sha256_cbor", "--served-model-name", "tiny"],
+        ["--engine", f"0={engine.base_url}", *gateway_args, "--analytic-only", "--block-size-tokens", "32",
+         "--prefix-caching-hash-algo", "sha256_cbor", "--served-model-name", "tiny"],
         work,
         roll_interval_s=60.0,  # the service's default
     )  # fmt: skip
+    costs = {}
     try:
         serve.start()
         # not timed: the engine's first requests, and the service's start (its heavy-request worker imports)
@@ -113,10 +135,12 @@ def main() -> None:
         cpu_before_s = _cpu_s(serve.process.pid)
         ttft, failures = asyncio.run(_interleaved(engine.base_url, serve.url, args.rate, args.requests, args.warm_up))
         gateway_cpu_s = _cpu_s(serve.process.pid) - cpu_before_s
-        costs = asyncio.run(_tokenize_costs(engine.base_url, model, 200))
+        if args.engine == "vllm":
+            costs = asyncio.run(_tokenize_costs(engine.base_url, work / "tiny-model", 200))
     finally:
         serve.stop()
         engine.stop()
+    print(f"engine: {args.engine}")
     for path, counts in failures.items():
         for message, n in counts.most_common(5):
             print(f"failed ({path}): {n} × {message}")
