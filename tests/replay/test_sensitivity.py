@@ -78,6 +78,14 @@ def test_rows_compare_each_kvcost_policy_with_its_own_cells_anchors():
     }
 
 
+def test_levels_that_share_a_rate_scale_count_once():
+    both = _bench([_row("dualmap", 2.0, 0.4), _row("cost_aware", 3.0, 0.4)])
+    both["results"] += [_row("dualmap", 2.0, 0.4, load="95%"), _row("cost_aware", 3.0, 0.4, load="95%")]
+    rows = sensitivity_rows({"a": both})
+    assert len(rows) == 2
+    assert sensitivity_summary(rows)["cost_aware"]["rows"] == 1
+
+
 def test_every_variant_is_benched_in_its_own_folder_and_summarised(tmp_path, monkeypatch):
     calls = []
 
