@@ -312,7 +312,11 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
     chat = [r for r in rows if int(r["client_request_id"].split("-")[1]) % 5 == 4]
     chat_counts = agreement(chat)
     print(f"[e2e] chat: {chat_counts} of {len(chat)}")
-    assert chat_counts["equal"] + chat_counts["in_flight"] >= AGREEMENT * len(chat), f"chat agreement {chat_counts}"
+    # A chat template hashed otherwise than vLLM applies it shows as a match *below* the engine's hit on every
+    # chat request that reuses a prefix; a match above it is an eviction race, which no hash can cause and
+    # the overall check above counts. Among only 80 chat requests, 2 such races (0–4 in 400 per run) failed
+    # a 98 % bound that counted them (stop 29's CI run: 70 equal, 8 in flight, 2 above).
+    assert chat_counts["below"] <= (1 - AGREEMENT) * len(chat), f"chat agreement {chat_counts}"
     assert any(r["actual_reuse_tokens"] > 0 for r in chat)
     assert proxy.dropped == 1
     assert metric(text, "kvcost_kv_event_replays_requested_total", worker="1") >= 1
