@@ -120,8 +120,8 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_
     80–95 %) the pressure is 1 even where memory never runs out, since the waiting prompts' blocks
     count as demand. The waiting *count* then repels long prompts from a worker crowded with short
     ones, and the router sorts requests by size (up to 55 % of them on one worker, P99 1.14–1.18×
-    the best anchor; without the price the cells balance). Measured, and two fixes that cost the
-    heterogeneous fleet 16–19 %, in ``docs/routing-sensitivity.md``.
+    the best anchor; without the price the cells balance). Measured, and three fixes that cost the
+    heterogeneous fleet 16–25 %, in ``docs/routing-sensitivity.md``.
 
     Raises:
         KeyError: a candidate whose price is not zero has a GPU type without a step model in
