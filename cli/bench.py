@@ -58,41 +58,33 @@ def bench(
     if sensitivity:
         _sensitivity(settings, size_list, names, quick, jobs)
         return
+    total = len(size_list) * 3 * len(names)
+    options = {"sizes": size_list, "policies": names, "quick": quick, "jobs": jobs, "given_scales": given}
+    result = _with_progress("bench cells", total, execute_bench, settings, options)
+    print_bench(result)
+
+
+def _with_progress(label: str, total: int, execute, settings: ReplaySettings, options: dict) -> dict:
+    """``execute(trace, seed=, out=, progress=, **options)`` under a progress bar of ``total`` cells."""
     with Progress(*PROGRESS_COLUMNS, console=console) as progress:
-        task = progress.add_task("bench cells", total=len(size_list) * 3 * len(names))
-        result = guard(
-            lambda: execute_bench(
+        task = progress.add_task(label, total=total)
+        return guard(
+            lambda: execute(
                 settings.trace,
-                sizes=size_list,
-                policies=names,
-                quick=quick,
                 seed=settings.seed,
-                jobs=jobs,
                 out=settings.out,
                 progress=lambda n: progress.advance(task, n),
-                given_scales=given,
+                **options,
             )
         )
-    print_bench(result)
 
 
 def _sensitivity(settings: ReplaySettings, sizes: list[int], policies: list[str], quick: bool, jobs: int) -> None:
     """``--sensitivity``: the bench of every variant, then one line per kvcost policy."""
     traces = guard(lambda: sensitivity_traces(settings.trace, settings.seed))
-    with Progress(*PROGRESS_COLUMNS, console=console) as progress:
-        task = progress.add_task("sensitivity cells", total=len(traces) * len(sizes) * 3 * len(policies))
-        result = guard(
-            lambda: execute_sensitivity(
-                settings.trace,
-                sizes=sizes,
-                policies=policies,
-                quick=quick,
-                seed=settings.seed,
-                jobs=jobs,
-                out=settings.out,
-                progress=lambda n: progress.advance(task, n),
-            )
-        )
+    total = len(traces) * len(sizes) * 3 * len(policies)
+    options = {"sizes": sizes, "policies": policies, "quick": quick, "jobs": jobs}
+    result = _with_progress("sensitivity cells", total, execute_sensitivity, settings, options)
     for policy, s in result["summary"].items():
         console.print(
             f"{policy}: P99 ÷ best anchor {s['geomean_p99_vs_best_anchor']:.3f} (geometric mean over {s['rows']} "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -142,22 +142,14 @@ def write_sensitivity(out: Path, trace: str, seed: int, rows: list[dict]) -> dic
     return summary
 
 
-def execute_sensitivity(
-    trace: str,
-    *,
-    sizes: Sequence[int],
-    policies: Sequence[str],
-    quick: bool,
-    seed: int,
-    jobs: int,
-    out: Path | None,
-    progress: Callable[[int], None] | None = None,
-) -> dict:
+def execute_sensitivity(trace: str, *, seed: int, out: Path | None, **bench_options) -> dict:
     """Run :func:`~kvcost.replay.runner.execute_bench` on every variant of :func:`sensitivity_traces`.
 
     Each variant calibrates its own load levels (its utilisation is what the label says) and
     writes its bench into ``out/<folder_name(variant)>``; ``out`` (default
     ``runs/sensitivity-<UTC timestamp>``) also gets ``sensitivity.json`` and ``sensitivity.md``.
+    ``bench_options`` are ``execute_bench``'s other keyword arguments (``sizes``, ``policies``,
+    ``quick``, ``jobs``, ``progress``), passed to every variant's bench.
 
     Returns:
         ``{"out", "trace", "seed", "rows", "summary"}`` (rows: :func:`sensitivity_rows`).
@@ -167,19 +159,7 @@ def execute_sensitivity(
     """
     traces = sensitivity_traces(trace, seed)
     out = out if out is not None else Path("runs") / f"sensitivity-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    benches = {
-        t: execute_bench(
-            t,
-            sizes=sizes,
-            policies=policies,
-            quick=quick,
-            seed=seed,
-            jobs=jobs,
-            out=out / folder_name(t),
-            progress=progress,
-        )
-        for t in traces
-    }
+    benches = {t: execute_bench(t, seed=seed, out=out / folder_name(t), **bench_options) for t in traces}
     rows = sensitivity_rows(benches)
     summary = write_sensitivity(out, trace, seed, rows)
     return {"out": str(out), "trace": trace, "seed": seed, "rows": rows, "summary": summary}
