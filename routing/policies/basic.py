@@ -80,10 +80,16 @@ def duplicate_price_s(ctx: PolicyContext) -> np.ndarray:
 def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS) -> np.ndarray:
     """What the KV memory a request holds costs the requests queued behind it, seconds ``(n,)``, ≥ 0.
 
-    Price on candidate i = memory pressure × new blocks × hold seconds ÷ KV capacity × waiting:
+    Price on candidate i = memory pressure × held blocks × hold seconds ÷ KV capacity × waiting:
 
-    * **new blocks**: what the request allocates at admission there,
-      :func:`~kvcost.core.types.blocks_to_allocate` (its prompt less the prefix i holds);
+    * **held blocks**: the fleet's typical waiting request's new blocks, plus the blocks this
+      choice adds: ``typical + new_i − min_j new_j``, where ``new_i`` is what the request
+      allocates at admission on candidate j (:func:`~kvcost.core.types.blocks_to_allocate`, its
+      prompt less the prefix j holds) and ``typical`` is Σ ``waiting_prompt_blocks`` ÷ Σ waiting
+      requests over the candidates. The ``min_j new_j`` blocks the request allocates wherever it
+      goes are priced as a typical request's, so the price ranks the workers in the same order
+      for a short request and a long one; the blocks a move off the prefix holder adds (a second
+      copy) are priced at their own count;
     * **hold seconds**: ``hold_tokens`` decode steps at i's decode step time with the request in
       the batch (``step_s(running + 1, 0, decode context + input)``). The requests behind it wait
       for blocks that running requests release; by the time they wait, this request is one of
@@ -111,17 +117,22 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_
     finds it costs a few, so families stay where their prefix is and more decoders fit in the
     same memory.
 
+    Why the unavoidable blocks are priced as a typical request's, not the request's own: a price
+    proportional to the request's size, times a per-worker factor that ranks workers otherwise
+    than the predicted queue does (the waiting count, or the waiting blocks), makes long and short
+    requests prefer different workers, and the router sorts them by size. On the bundled Azure
+    traces (no prefix reuse) the own-size price put up to 55 % of the requests on one worker and
+    lost 5 of 6 cells to the best anchor, by 3–18 %. Priced as a typical request's, no worker takes
+    over 29 %, and the cells are at most 1 % over the best anchor. A sort by size is no property of
+    one trace: any fleet whose prompt lengths vary can show it. What it costs, on three seeds: the
+    README's heterogeneous fleet and ``make demo`` are about 5 % higher in P99. There the P99
+    requests are 100k-token prompts, which the own-size price kept off crowded workers
+    (``docs/routing-sensitivity.md``, "The memory price without the sort by size").
+
     Why it should hold on other workloads: nothing in it is fitted. Blocks, capacity, pressure,
-    the waiting count and the step time come from each snapshot and the GPU type's profile. The
+    the waiting counts and the step time come from each snapshot and the GPU type's profile. The
     hold is the one stated assumption. It is zero wherever memory is free or nothing waits, so
     light load routes as before.
-
-    Where it fails: on a trace with no prefix reuse in deep overload (the bundled Azure traces at
-    80–95 %) the pressure is 1 even where memory never runs out, since the waiting prompts' blocks
-    count as demand. The waiting *count* then repels long prompts from a worker crowded with short
-    ones, and the router sorts requests by size (up to 55 % of them on one worker, P99 1.14–1.18×
-    the best anchor; without the price the cells balance). Measured, and three fixes that cost the
-    heterogeneous fleet 16–25 %, in ``docs/routing-sensitivity.md``.
 
     Raises:
         KeyError: a candidate whose price is not zero has a GPU type without a step model in
@@ -131,13 +142,19 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_
     block_size = request.namespace.block_size_tokens
     pressure = memory_pressure(ctx)
     price = np.zeros(len(ctx.snapshots))
-    for i, (s, reuse) in enumerate(zip(ctx.snapshots, ctx.reusable_tokens.tolist(), strict=True)):
+    waiting = sum(s.waiting_requests for s in ctx.snapshots)
+    if waiting == 0:
+        return price
+    typical_blocks = sum(s.waiting_prompt_blocks for s in ctx.snapshots) / waiting
+    new_blocks = [blocks_to_allocate(request.input_tokens, reuse, block_size) for reuse in ctx.reusable_tokens.tolist()]
+    fewest_blocks = min(new_blocks)
+    for i, s in enumerate(ctx.snapshots):
         if s.kv_capacity_blocks <= 0 or s.waiting_requests == 0 or pressure[i] == 0:
             continue
         batch_context = s.decode_context_tokens + request.input_tokens
         step_s = ctx.step_models[s.gpu].step_s(s.running_requests + 1, 0.0, batch_context)
-        blocks = blocks_to_allocate(request.input_tokens, reuse, block_size)
-        price[i] = pressure[i] * blocks * hold_tokens * step_s / s.kv_capacity_blocks * s.waiting_requests
+        held_blocks = typical_blocks + new_blocks[i] - fewest_blocks
+        price[i] = pressure[i] * held_blocks * hold_tokens * step_s / s.kv_capacity_blocks * s.waiting_requests
     return price
 
 

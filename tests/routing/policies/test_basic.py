@@ -1,5 +1,7 @@
 """Tests for kvcost.routing.policies.basic (ROUTER_POLICIES and kvcost's own three policies)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -139,25 +141,28 @@ def test_cost_aware_keeps_the_prefix_holder_under_memory_pressure_only(make_snap
 
 
 def _memory_bound(waiting: int, **fields) -> dict:
-    """A worker whose KV is full: 100 blocks, 3 decoders over 9,000 context tokens, ``waiting`` queued."""
+    """A worker whose KV is full: 100 blocks, 3 decoders over 9,000 context tokens, ``waiting`` queued
+    10-token prompts of one block each."""
     return {
         "kv_usage": 1.0,
         "kv_capacity_blocks": 100,
         "running_requests": 3,
         "decode_context_tokens": 9000,
         "waiting_prefill": ((10, 0),) * waiting,
+        "waiting_prompt_blocks": waiting,
     } | fields
 
 
 def test_memory_hold_price_is_blocks_times_hold_over_capacity_times_waiting(make_snapshot, linear_step_model):
     # 1000-token request, 512-token blocks: 1 new block where 800 tokens are held, 2 elsewhere.
+    # Held blocks: the typical waiting request's 8 / 8 = 1, + 0 on the holder, + 1 for a second copy.
     # Decode step with the request: 1 µs × 4 + 1e-6 s × (9000 + 1000) + 1 ms = 11.004 ms; 172 steps held.
     fields = [
         _memory_bound(2),
         _memory_bound(2),
         _memory_bound(0),  # nothing waits: no one to delay
         _memory_bound(2, kv_capacity_blocks=0),  # capacity unknown
-        _memory_bound(2, kv_usage=0.25),  # pressure 0.25
+        _memory_bound(2, kv_usage=0.23),  # pressure 0.23 + 2 waiting blocks / 100 = 0.25
     ]
     ctx = context(
         make_snapshot,
@@ -174,10 +179,32 @@ def test_memory_hold_price_is_blocks_times_hold_over_capacity_times_waiting(make
     )
 
 
+def test_memory_hold_price_ranks_workers_alike_for_a_short_and_a_long_request(make_snapshot, linear_step_model):
+    # No reuse: a 1000-token request allocates 2 blocks, a 5000-token one 10, wherever they go. Both
+    # are priced as the typical waiting request, 8 blocks / 8 requests = 1 block, so the worker with
+    # 6 waiting costs 3× the one with 2 for both (an own-size price would sort long prompts away
+    # from crowded workers). Decode steps: 11.004 ms and 1 µs × 4 + 1e-6 s × (9000 + 5000) + 1 ms.
+    fields = [_memory_bound(2), _memory_bound(6)]
+    short = context(
+        make_snapshot, [0.0] * 2, [0.0] * 2, snapshot_fields=fields, step_models={"linear-gpu": linear_step_model}
+    )
+    long = replace(short, request=RouteRequest(0, 0.0, 5000, (1,) * 9, Namespace("linear")))
+    assert memory_hold_price_s(short).tolist() == pytest.approx([172 * 0.011004 / 100 * w for w in (2, 6)])
+    assert memory_hold_price_s(long).tolist() == pytest.approx([172 * 0.015004 / 100 * w for w in (2, 6)])
+
+
+def test_memory_hold_price_is_zero_when_nothing_waits_anywhere(make_snapshot, linear_step_model):
+    fields = [_memory_bound(0), _memory_bound(0)]
+    ctx = context(
+        make_snapshot, [0.0] * 2, [0.0] * 2, snapshot_fields=fields, step_models={"linear-gpu": linear_step_model}
+    )
+    assert memory_hold_price_s(ctx).tolist() == [0.0, 0.0]
+
+
 def test_cost_aware_keeps_a_family_on_its_memory_bound_holder_when_requests_wait(make_snapshot, linear_step_model):
     # holder 400 ms, cold 210 ms + duplicate price 800 × 0.18 ms = 354 ms: the cold worker wins
-    # without the memory price; with 10 waiting on both, the cold copy's 2 blocks cost 378.5 ms
-    # against the holder's 1 block, 189.3 ms
+    # without the memory price; with 10 waiting on both, the cold worker holds the typical waiting
+    # request's block + the second copy's, 378.5 ms, against the holder's one block, 189.3 ms
     fields = [_memory_bound(10), _memory_bound(10)]
     ctx = context(
         make_snapshot,
