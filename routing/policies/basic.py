@@ -140,11 +140,11 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_
     """
     request = ctx.request
     block_size = request.namespace.block_size_tokens
-    pressure = memory_pressure(ctx)
     price = np.zeros(len(ctx.snapshots))
     waiting = sum(s.waiting_requests for s in ctx.snapshots)
     if waiting == 0:
         return price
+    pressure = memory_pressure(ctx)
     typical_blocks = sum(s.waiting_prompt_blocks for s in ctx.snapshots) / waiting
     new_blocks = [blocks_to_allocate(request.input_tokens, reuse, block_size) for reuse in ctx.reusable_tokens.tolist()]
     fewest_blocks = min(new_blocks)
