@@ -179,6 +179,8 @@ class ClusterSimulator:
                     continue  # an empty wait cut short by an arrival
                 done = worker.finish_step(now)
                 log.complete(done)
+                for r in done:
+                    self.router.on_finished(r.output_tokens)
                 for r in worker.first_tokens:
                     self.router.on_outcome(r.request_id, r.first_token_s - r.arrival_s, now)
                 worker.first_tokens.clear()

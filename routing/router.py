@@ -30,6 +30,7 @@ from kvcost.core.types import (
     reusable_tokens_for,
 )
 from kvcost.features.build import feature_columns, stack_features
+from kvcost.features.decode_length import RemainingDecodeEstimate
 from kvcost.features.nominal import NominalCosts
 from kvcost.models.term_set import TermModelSet
 from kvcost.routing.compatibility import conversion_factor, serves
@@ -215,8 +216,8 @@ class Router:
             falls back to the analytic one and says so once (a log warning and ``fallbacks``);
             a policy with its own model (``own_model``: ``llmd_predicted_latency``) does not
             route on the term models, so it is not warned about.
-        reads_from: read this other router's in-flight prefixes and served-bound factor and
-            never change them (a scorer beside the routing router: it sees what was routed
+        reads_from: read this other router's in-flight prefixes, served-bound factor and decode-length
+            estimate and never change them (a scorer beside the routing router: it sees what was routed
             and observed, and scoring leaves no trace). None = keep its own.
 
     Served P90 bounds adapt online: when the cost model is learned, every candidate's
@@ -228,6 +229,11 @@ class Router:
     bounds fitted once drift with the load (kvcost issue 13 §4: a champion's 90 % bound covered
     81.7 % on the next 1,700 s of the bundled trace). P50 is unchanged; the policies rank by the
     composed TTFT of the terms.
+
+    What a decoding request has left to generate is estimated online too, from the output
+    lengths of the requests that finished (:meth:`on_finished`,
+    :class:`~kvcost.features.decode_length.RemainingDecodeEstimate`, starting from
+    ``settings.costs.expected_decode_tokens``): the KV-wait feature and the memory price use it.
 
     Thread safety: not thread-safe (the skew window and stateful policies
     change on every decision); one router per event loop.
@@ -255,6 +261,9 @@ class Router:
         self.in_flight: InFlightPrefixes | None = own if counts else None
         self._clears_seen: dict[int, int] = {}  # the directory's clears per worker when last routed
         self.interval = AdaptiveConformalScale() if reads_from is None else reads_from.interval
+        prior_tokens = settings.costs.expected_decode_tokens
+        own_lengths = RemainingDecodeEstimate(prior_tokens) if reads_from is None else reads_from.decode_lengths
+        self.decode_lengths = own_lengths
         self.served_bounds = ServedBounds(self.interval)
         self._records = reads_from is None  # in-flight prefixes and served bounds of what it routes
 
@@ -306,6 +315,7 @@ class Router:
             step_models=self.step_models,
             features=features,
             calibrated=calibrated,
+            remaining_decode_tokens=self.decode_lengths.remaining_tokens,
         )
         index, reason = self.policy.choose(ctx)
         if plans and plans[index].option == "fetch":
@@ -342,6 +352,17 @@ class Router:
         if self.in_flight is not None and self._records:
             grace_s = self.settings.in_flight_release_grace_s
             self.in_flight.release(request_id, now_s + grace_s if grace_s > 0 else None)
+
+    def on_finished(self, output_tokens: int) -> None:
+        """A routed request finished with ``output_tokens`` generated tokens (an integer ≥ 0): count it in
+        :attr:`decode_lengths`, the estimate of what a decoding request has left that the KV-wait feature
+        and the memory price use. A router that reads another's state (``reads_from``) changes nothing.
+
+        Raises:
+            ValueError: ``output_tokens`` negative or not an integer (nothing is counted).
+        """
+        if self._records:
+            self.decode_lengths.observe(output_tokens)
 
     # -- candidates, directory and options --------------------------------------------------------
 
@@ -473,9 +494,7 @@ class Router:
             row_snapshots = [snapshots[i] for i in owner]
             row_matches = [matches[i] for i in owner]
         reusable = np.array([reusable_tokens_for(b, block_size, request.input_tokens) for b in blocks], dtype=np.int64)
-        columns = feature_columns(
-            request, row_snapshots, row_matches, reusable, self.step_models, self.settings.costs, plans
-        )
+        columns = feature_columns(request, row_snapshots, row_matches, reusable, self.step_models, self._costs(), plans)
         features = stack_features(columns)
         # rows 0..n-1 are the candidates in order (their own-tier options): their snapshot columns
         expected = self.settings.costs.expected_decode_tokens
@@ -497,6 +516,17 @@ class Router:
         chosen_plans = tuple(plans[i] for i in best)
         chosen = (reusable[index], features[index], predictions.take(index), chosen_calibrated, chosen_plans)
         return (*chosen, score[:n], load)
+
+    def _costs(self) -> NominalCosts:
+        """The nominal costs the features are computed with: the settings' costs, with the expected
+        decode tokens of a running request taken from :attr:`decode_lengths` (rounded to a token).
+
+        ``load_tokens`` (:func:`outstanding_tokens`) keeps the settings' fixed figure: it is
+        ``least_loaded``'s stated rule and what the bench's load levels are calibrated with."""
+        remaining = round(self.decode_lengths.remaining_tokens)
+        if remaining == self.settings.costs.expected_decode_tokens:
+            return self.settings.costs
+        return replace(self.settings.costs, expected_decode_tokens=remaining)
 
     def _skew_allowed(
         self,

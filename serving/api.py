@@ -336,7 +336,9 @@ observations = APIRouter(prefix="/v1", tags=["observations"])
 )
 async def observe(request: Request, service: ServiceDep) -> Response:
     """Record a routed request's actual times; durable when answered; a repeated id answers ``duplicate``, an id
-    with no decision (lost in a crash before its commit) is recorded as ``unjoined``, never refused."""
+    with no decision (lost in a crash before its commit) is recorded as ``unjoined``, never refused. An observation
+    with ``output_tokens`` and ``e2e_s`` (the request finished) also feeds the router's estimate of what a decoding
+    request has left to generate (``Router.on_finished``)."""
     body = await _body_of(request, ObservationIn)
     return body if isinstance(body, Response) else _json(await service.observe(body))
 

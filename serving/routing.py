@@ -164,6 +164,13 @@ class Routing:
         with self.lock:
             self.router.on_outcome(request_id, ttft_s, now_s)
 
+    def on_finished(self, output_tokens: int) -> None:
+        """A routed request finished with ``output_tokens`` generated tokens: the routing router's
+        decode-length estimate counts it (:meth:`Router.on_finished`; the scorer reads the same
+        estimate), under the lock."""
+        with self.lock:
+            self.router.on_finished(output_tokens)
+
     # ------------------------------------------------------------------- scoring
 
     def score(self, body: ScoreRequestIn, model_label: str) -> ScoreResponse:

@@ -249,10 +249,10 @@ class ObservationIn(BaseModel):
     transfer_s: Seconds | None = None
     prefill_s: Seconds | None = None
     first_token_s: Seconds | None = None
-    output_tokens: Count | None = None
+    output_tokens: Count | None = Field(None, description="generated tokens (with e2e_s: the output length)")
     actual_reuse_tokens: Tokens | None = Field(None, description="prefix actually reused at admission")
     tpot_s: Seconds | None = None
-    e2e_s: Seconds | None = None
+    e2e_s: Seconds | None = Field(None, description="arrival to the last token: the request finished")
 
 
 class TermsOut(BaseModel):

@@ -417,6 +417,8 @@ class ScoringService:
         self.metrics.observations.labels("recorded").inc()
         self._count_errors(body, decision)
         self.routing.on_outcome(body.request_id, body.ttft_s, self.routing.clock())
+        if body.output_tokens is not None and body.e2e_s is not None:  # finished: its output length is known
+            self.routing.on_finished(body.output_tokens)
         return ObservationResponse(
             request_id=body.request_id, status="recorded", run_id=decision.run_id, worker_id=decision.worker_id
         )
@@ -482,6 +484,8 @@ class ScoringService:
         self._count_errors(measured, decision)
         if measured.ttft_s is not None:
             self.routing.on_outcome(measured.request_id, measured.ttft_s, self.routing.clock())
+        if measured.output_tokens is not None and measured.e2e_s is not None:
+            self.routing.on_finished(measured.output_tokens)
         return future
 
     # ----------------------------------------------------------------- snapshots

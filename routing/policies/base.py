@@ -24,6 +24,7 @@ from kvcost.core.composition import CalibratedTTFT, TermPredictions
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.registry import Registry
 from kvcost.core.types import DirectoryMatch, RouteRequest, WorkerSnapshot
+from kvcost.features.nominal import DEFAULT_EXPECTED_DECODE_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,9 @@ class PolicyContext:
         features: float64 ``(n, len(FEATURE_SPEC))`` feature rows.
         calibrated: calibrated TTFT (P50 score, P90 bound) per candidate when the
             router's cost model is learned; None with the analytic model.
+        remaining_decode_tokens: expected remaining output of a request found decoding, tokens
+            (≥ 0): the router's online estimate from the output lengths observed so far
+            (:class:`~kvcost.features.decode_length.RemainingDecodeEstimate`).
     """
 
     request: RouteRequest
@@ -57,6 +61,7 @@ class PolicyContext:
     step_models: Mapping[str, StepTimeModel] = field(default_factory=dict)
     features: np.ndarray | None = None
     calibrated: CalibratedTTFT | None = None
+    remaining_decode_tokens: float = DEFAULT_EXPECTED_DECODE_TOKENS
 
 
 #: The replay's truth for one decision: ``truth_s(ctx)`` is the TTFT each candidate of ``ctx`` would

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from kvcost.core.types import blocks_to_allocate
-from kvcost.features.nominal import DEFAULT_EXPECTED_DECODE_TOKENS
 from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyContext, RouterPolicy, argmin_stable
 
 
@@ -77,7 +76,7 @@ def duplicate_price_s(ctx: PolicyContext) -> np.ndarray:
     return memory_pressure(ctx) * (reuse.max() - reuse) * per_token_s
 
 
-def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS) -> np.ndarray:
+def memory_hold_price_s(ctx: PolicyContext, hold_tokens: float | None = None) -> np.ndarray:
     """What the KV memory a request holds costs the requests queued behind it, seconds ``(n,)``, ≥ 0.
 
     Price on candidate i = memory pressure × held blocks × hold seconds ÷ KV capacity × waiting:
@@ -93,10 +92,11 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_
     * **hold seconds**: ``hold_tokens`` decode steps at i's decode step time with the request in
       the batch (``step_s(running + 1, 0, decode context + input)``). The requests behind it wait
       for blocks that running requests release; by the time they wait, this request is one of
-      those running requests, with about a running request's remaining output left, so the
-      default is the router's stated mean remaining output
-      (:data:`~kvcost.features.nominal.DEFAULT_EXPECTED_DECODE_TOKENS`), the assumption the
-      KV-wait estimate makes too;
+      those running requests, with about a running request's remaining output left. None (the
+      default) takes the router's online estimate of it from the output lengths observed so far
+      (``ctx.remaining_decode_tokens``, the figure the KV-wait estimate uses too): it differs
+      between workloads by more than 5× (51 to 262 tokens on the repository's traces), and a
+      fixed figure would scale the price by that much;
     * **÷ capacity**: a worker whose memory binds admits requests as blocks come free. It has
       ``capacity`` block-seconds a second, so holding B blocks for T seconds takes
       ``B × T ÷ capacity`` seconds of its admission capacity. Each request admitted after this
@@ -140,6 +140,7 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: int = DEFAULT_EXPECTED_
     """
     request = ctx.request
     block_size = request.namespace.block_size_tokens
+    hold_tokens = ctx.remaining_decode_tokens if hold_tokens is None else hold_tokens
     price = np.zeros(len(ctx.snapshots))
     waiting = sum(s.waiting_requests for s in ctx.snapshots)
     if waiting == 0:
@@ -175,7 +176,8 @@ class CostAwarePolicy(RouterPolicy):
         memory_price_weight: factor on :func:`memory_hold_price_s` (≥ 0; 1 by default).
             Both at 0 rank by the predicted TTFT alone.
         hold_tokens: the decode steps :func:`memory_hold_price_s` counts the blocks as held,
-            ≥ 0 (the router's stated mean remaining output by default).
+            ≥ 0; None (the default) = the router's online estimate of a decoder's remaining
+            output (``PolicyContext.remaining_decode_tokens``).
 
     Raises:
         ValueError: a negative or NaN weight or ``hold_tokens`` (the message names it).
@@ -190,13 +192,13 @@ class CostAwarePolicy(RouterPolicy):
         seed: int = DEFAULT_SEED,
         duplicate_price_weight: float = 1.0,
         memory_price_weight: float = 1.0,
-        hold_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS,
+        hold_tokens: float | None = None,
     ) -> None:
         super().__init__(seed=seed)
         for name, value in (
             ("duplicate_price_weight", duplicate_price_weight),
             ("memory_price_weight", memory_price_weight),
-            ("hold_tokens", hold_tokens),
+            ("hold_tokens", 0.0 if hold_tokens is None else hold_tokens),
         ):
             if not value >= 0:
                 raise ValueError(f"{name} = {value}, expected a number ≥ 0")

@@ -150,6 +150,14 @@ def test_the_router_learns_a_ttft_at_the_first_token_not_at_completion(unit_step
     assert result.requests["e2e_s"].tolist() == pytest.approx([0.049275 + 0.00493], abs=1e-12)
 
 
+def test_the_router_learns_each_output_length_when_its_request_finishes(unit_steps, monkeypatch):
+    finished = []
+    monkeypatch.setattr(Router, "on_finished", lambda self, output_tokens: finished.append(output_tokens))
+    trace = make_trace([(1.0, 45, 3, (1, 2, 3, 4, 5)), (1.0, 25, 7, (6, 7, 8))], block_size_tokens=10)
+    run(trace, token_budget=100, kv_capacity_blocks=100, sample_interval_s=10.0)
+    assert finished == [3, 7]  # the shorter output finishes first
+
+
 # -- TTFT composition and determinism on real profiles ---------------------------------------
 def test_actual_terms_sum_to_ttft_for_every_request():
     result = run(busy_trace(), fleet=("a100", "h100"))

@@ -564,6 +564,18 @@ def test_an_observed_ttft_over_its_served_p90_widens_the_next_bounds(client):
     assert ratios == pytest.approx([np.exp(0.045)] * 2)
 
 
+def test_a_finished_requests_output_length_reaches_the_routers_decode_length_estimate(client):
+    lengths = client.app.state.service.routing.router.decode_lengths
+    for request_id, extra in ((11, {}), (12, {"e2e_s": 0.9})):
+        client.post("/v1/route", json=make_body(request_id=request_id), headers=AUTH)
+        observation = {"request_id": request_id, "ttft_s": 0.05, "output_tokens": 40} | extra
+        assert client.post("/v1/observe", json=observation, headers=AUTH).json()["status"] == "recorded"
+    # only request 12 says it finished (e2e_s): 40 tokens after the prior of 172 (mean 172.5, weight 100)
+    assert lengths.observed == 1
+    total = 0.999 * 17250 + 40
+    assert lengths.remaining_tokens == pytest.approx((0.999 * 5951250 + 1600 - total) / (2 * total), rel=1e-12)
+
+
 def test_without_kv_events_a_routed_prefix_counts_as_cached_on_its_worker_until_its_ttl(tmp_path):
     now = [1000.0]
     settings = settings_for(tmp_path, token=False, routed_ttl_s=60.0)

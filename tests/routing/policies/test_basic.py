@@ -174,9 +174,13 @@ def test_memory_hold_price_is_blocks_times_hold_over_capacity_times_waiting(make
     )
     held_s = 172 * 0.011004 / 100 * 2
     assert memory_hold_price_s(ctx).tolist() == pytest.approx([held_s, 2 * held_s, 0.0, 0.0, 0.25 * 2 * held_s])
-    assert memory_hold_price_s(ctx, hold_tokens=86).tolist() == pytest.approx(
-        [held_s / 2, held_s, 0.0, 0.0, 0.25 * held_s]
-    )
+    halved = [held_s / 2, held_s, 0.0, 0.0, 0.25 * held_s]
+    assert memory_hold_price_s(ctx, hold_tokens=86).tolist() == pytest.approx(halved)
+    # the hold defaults to the router's estimate of a decoder's remaining output; an explicit one wins
+    routed = replace(ctx, remaining_decode_tokens=86.0)
+    assert memory_hold_price_s(routed).tolist() == pytest.approx(halved)
+    full = [held_s, 2 * held_s, 0.0, 0.0, 0.5 * held_s]
+    assert memory_hold_price_s(routed, hold_tokens=172).tolist() == pytest.approx(full)
 
 
 def test_memory_hold_price_ranks_workers_alike_for_a_short_and_a_long_request(make_snapshot, linear_step_model):
