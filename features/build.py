@@ -184,7 +184,7 @@ def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candid
             s.running_requests,
             s.decode_context_tokens,
             block_size,
-            costs.expected_decode_tokens,
+            costs.output_tokens_mean,
             s.queued_prefill_tokens,
             s.kv_usage * s.kv_capacity_blocks if s.kv_capacity_blocks > 0 else None,
         )

@@ -1,11 +1,12 @@
-"""The output a decoding request has left, estimated online from the output lengths observed so far.
+"""Output lengths, estimated online from the requests that finished.
 
 A router cannot know a request's output length, but it sees the lengths of the requests that
 have finished (the gateway counts the streamed tokens, ``POST /v1/observe`` carries the
-engine's usage, a replay reports each completion). :class:`RemainingDecodeEstimate` turns those
-into the mean remaining output of a request found decoding, the one assumption of the KV-wait
-estimate (:func:`~kvcost.features.nominal.kv_wait_s`) and of the memory price
-(:func:`~kvcost.routing.policies.basic.memory_hold_price_s`).
+engine's usage, a replay reports each completion). :class:`OutputLengthEstimate` turns those
+into the two figures the cost model assumes: the mean output length, the rate at which decoders
+finish in the KV-wait estimate (:func:`~kvcost.features.nominal.kv_wait_s`), and the mean
+remaining output of a request found decoding, how long the memory price
+(:func:`~kvcost.routing.policies.basic.memory_hold_price_s`) holds a request's blocks.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ DEFAULT_PRIOR_WEIGHT = 100.0
 DEFAULT_WINDOW_REQUESTS = 1000.0
 
 
-class RemainingDecodeEstimate:
-    """Expected remaining output tokens of a request found decoding, from observed output lengths.
+class OutputLengthEstimate:
+    """Mean output length and expected remaining output of a request found decoding, tokens, from
+    observed output lengths.
 
     A request of ``L`` output tokens spends ``L`` decode steps in the batch and has ``L − k``
     tokens left after its ``k``-th (``k = 1 … L``). A decoder looked at in a random step is drawn
@@ -36,16 +38,18 @@ class RemainingDecodeEstimate:
     the discrete form of the residual life ``E[X²] ÷ (2 E[X])`` of renewal theory (Kleinrock,
     *Queueing Systems* vol. 1, 1975, §5.2). For exponential lengths of mean ``m`` it is
     ``m − ½`` (memoryless); for a fixed length ``L``, ``(L − 1) ÷ 2``; a long tail puts it
-    above the mean (the bundled ``azure-code`` trace: mean 27.9, ``r`` = 77.7 tokens).
+    above the mean (the bundled ``azure-code`` trace: mean 27.9, ``r`` = 77.7 tokens). The mean
+    ``E[L]`` itself sets the rate at which a batch of ``n`` decoders finishes, ``n / E[L]`` a step
+    (:func:`~kvcost.features.nominal.kv_wait_s`).
 
     The moments are exponentially weighted over about ``window_requests`` completions, and start
     from a prior worth ``prior_weight`` completions: an exponential law of mean
-    ``prior_tokens + ½``, whose ``r`` is ``prior_tokens`` exactly. With nothing observed the
-    estimate is ``prior_tokens``.
+    ``prior_tokens + ½``, whose ``r`` is ``prior_tokens`` exactly. With nothing observed ``r`` is
+    ``prior_tokens`` and the mean ``prior_tokens + ½``.
 
     Why it should hold on other workloads: the constant it replaces (172 tokens, half the bundled
     conversation trace's mean output) is a property of one trace; the generated workloads'
-    ``r`` runs from 51 to 128 tokens and the bundled trace's own is 262. Completions in steady
+    ``r`` runs from 50 to 128 tokens and the bundled trace's own is 262. Completions in steady
     state are a sample of the arrivals (every request finishes), so the window is unbiased once
     a run is under way. It is biased short only in a run's first minutes, when the short requests
     finish first; the prior damps that.
@@ -92,6 +96,11 @@ class RemainingDecodeEstimate:
         self._sum = self._keep * self._sum + output_tokens
         self._sum_squares = self._keep * self._sum_squares + float(output_tokens) ** 2
         self.observed += 1
+
+    @property
+    def mean_tokens(self) -> float:
+        """``E[L]``, the mean output length in tokens (≥ 0)."""
+        return self._sum / self._weight
 
     @property
     def remaining_tokens(self) -> float:

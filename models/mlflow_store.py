@@ -274,8 +274,9 @@ def promote(
     mlflow = _mlflow(uri)
     version = version or _alias_version(client, CHALLENGER)
     mv = client.get_model_version(REGISTERED_MODEL, version)
-    holdout_dir = mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path="holdout")
-    holdout = pd.read_parquet(Path(holdout_dir) / "holdout.parquet")
+    with tempfile.TemporaryDirectory() as tmp:  # MLflow's own download folder would be left behind
+        holdout_dir = mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path="holdout", dst_path=tmp)
+        holdout = pd.read_parquet(Path(holdout_dir) / "holdout.parquet")
     challenger_set = _load_version(mlflow, version)
     challenger = _gate_figures(evaluate(challenger_set, holdout))
     champion_version = _alias_version(client, CHAMPION, missing_ok=True)

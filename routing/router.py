@@ -30,7 +30,7 @@ from kvcost.core.types import (
     reusable_tokens_for,
 )
 from kvcost.features.build import feature_columns, stack_features
-from kvcost.features.decode_length import RemainingDecodeEstimate
+from kvcost.features.decode_length import OutputLengthEstimate
 from kvcost.features.nominal import NominalCosts
 from kvcost.models.term_set import TermModelSet
 from kvcost.routing.compatibility import conversion_factor, serves
@@ -232,8 +232,9 @@ class Router:
 
     What a decoding request has left to generate is estimated online too, from the output
     lengths of the requests that finished (:meth:`on_finished`,
-    :class:`~kvcost.features.decode_length.RemainingDecodeEstimate`, starting from
-    ``settings.costs.expected_decode_tokens``): the KV-wait feature and the memory price use it.
+    :class:`~kvcost.features.decode_length.OutputLengthEstimate`, starting from
+    ``settings.costs.expected_decode_tokens``): the KV-wait feature takes the mean output length from
+    it, the memory price the mean remaining output of a decoder.
 
     Thread safety: not thread-safe (the skew window and stateful policies
     change on every decision); one router per event loop.
@@ -262,8 +263,9 @@ class Router:
         self._clears_seen: dict[int, int] = {}  # the directory's clears per worker when last routed
         self.interval = AdaptiveConformalScale() if reads_from is None else reads_from.interval
         prior_tokens = settings.costs.expected_decode_tokens
-        own_lengths = RemainingDecodeEstimate(prior_tokens) if reads_from is None else reads_from.decode_lengths
+        own_lengths = OutputLengthEstimate(prior_tokens) if reads_from is None else reads_from.decode_lengths
         self.decode_lengths = own_lengths
+        self._costs_at: tuple[int, NominalCosts] = (0, settings.costs)  # (completions seen, costs)
         self.served_bounds = ServedBounds(self.interval)
         self._records = reads_from is None  # in-flight prefixes and served bounds of what it routes
 
@@ -355,8 +357,9 @@ class Router:
 
     def on_finished(self, output_tokens: int) -> None:
         """A routed request finished with ``output_tokens`` generated tokens (an integer ≥ 0): count it in
-        :attr:`decode_lengths`, the estimate of what a decoding request has left that the KV-wait feature
-        and the memory price use. A router that reads another's state (``reads_from``) changes nothing.
+        :attr:`decode_lengths`, the output-length estimate of the KV-wait feature (its mean) and of the
+        memory price (the remaining output of a decoder). A router that reads another's state
+        (``reads_from``) changes nothing.
 
         Raises:
             ValueError: ``output_tokens`` negative or not an integer (nothing is counted).
@@ -518,15 +521,19 @@ class Router:
         return (*chosen, score[:n], load)
 
     def _costs(self) -> NominalCosts:
-        """The nominal costs the features are computed with: the settings' costs, with the expected
-        decode tokens of a running request taken from :attr:`decode_lengths` (rounded to a token).
+        """The nominal costs the features are computed with: the settings' costs, with the mean output
+        length (the rate at which decoders finish, for the KV-wait feature) from :attr:`decode_lengths`.
 
-        ``load_tokens`` (:func:`outstanding_tokens`) keeps the settings' fixed figure: it is
-        ``least_loaded``'s stated rule and what the bench's load levels are calibrated with."""
-        remaining = round(self.decode_lengths.remaining_tokens)
-        if remaining == self.settings.costs.expected_decode_tokens:
+        ``load_tokens`` (:func:`outstanding_tokens`) keeps the settings' fixed
+        ``expected_decode_tokens``: it is ``least_loaded``'s stated rule and what the bench's load
+        levels are calibrated with."""
+        observed = self.decode_lengths.observed
+        if not observed:
             return self.settings.costs
-        return replace(self.settings.costs, expected_decode_tokens=remaining)
+        if self._costs_at[0] != observed:  # one copy per completion, not per decision
+            costs = replace(self.settings.costs, mean_output_tokens=self.decode_lengths.mean_tokens)
+            self._costs_at = (observed, costs)
+        return self._costs_at[1]
 
     def _skew_allowed(
         self,

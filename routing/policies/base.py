@@ -47,7 +47,7 @@ class PolicyContext:
             router's cost model is learned; None with the analytic model.
         remaining_decode_tokens: expected remaining output of a request found decoding, tokens
             (≥ 0): the router's online estimate from the output lengths observed so far
-            (:class:`~kvcost.features.decode_length.RemainingDecodeEstimate`).
+            (:class:`~kvcost.features.decode_length.OutputLengthEstimate`).
     """
 
     request: RouteRequest

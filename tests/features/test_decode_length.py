@@ -1,33 +1,35 @@
-"""Tests for kvcost.features.decode_length (RemainingDecodeEstimate)."""
+"""Tests for kvcost.features.decode_length (OutputLengthEstimate)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from kvcost.features.decode_length import RemainingDecodeEstimate
+from kvcost.features.decode_length import OutputLengthEstimate
 
 
 def test_the_prior_alone_gives_its_own_remaining_output():
     # prior: an exponential of mean 172.5 worth 100 completions: (2 × 172.5² − 172.5) / (2 × 172.5) = 172
-    assert RemainingDecodeEstimate(172).remaining_tokens == pytest.approx(172.0, rel=1e-12)
-    assert RemainingDecodeEstimate(0).remaining_tokens == 0.0
+    assert OutputLengthEstimate(172).mean_tokens == 172.5
+    assert OutputLengthEstimate(172).remaining_tokens == pytest.approx(172.0, rel=1e-12)
+    assert OutputLengthEstimate(0).remaining_tokens == 0.0
 
 
 def test_observed_lengths_join_the_prior_by_their_weights():
     # prior 10 (mean 10.5, weight 1), every completion weighs the same:
     # Σ L = 10.5 + 3 + 5 = 18.5, Σ L² = 2 × 10.5² + 9 + 25 = 254.5, r = (254.5 − 18.5) / (2 × 18.5) = 236 / 37
-    estimate = RemainingDecodeEstimate(10, prior_weight=1, window_requests=math.inf)
+    estimate = OutputLengthEstimate(10, prior_weight=1, window_requests=math.inf)
     estimate.observe(3)
     estimate.observe(np.int64(5))
     assert estimate.remaining_tokens == pytest.approx(236 / 37, rel=1e-12)
+    assert estimate.mean_tokens == pytest.approx(18.5 / 3, rel=1e-12)
     assert estimate.observed == 2
 
 
 def test_a_short_window_forgets_the_prior_and_a_fixed_length_leaves_half_of_it():
     # window 2: weights halve per completion. Prior 0 (mean 0.5, weight 1): Σ L = 0.5, Σ L² = 0.5.
     # After one 4: Σ L = 4.25, Σ L² = 16.25, r = 12 / 8.5; a fixed length L leaves (L − 1) / 2 = 1.5.
-    estimate = RemainingDecodeEstimate(0, prior_weight=1, window_requests=2)
+    estimate = OutputLengthEstimate(0, prior_weight=1, window_requests=2)
     estimate.observe(4)
     assert estimate.remaining_tokens == pytest.approx(12 / 8.5, rel=1e-12)
     for _ in range(60):
@@ -37,7 +39,7 @@ def test_a_short_window_forgets_the_prior_and_a_fixed_length_leaves_half_of_it()
 
 def test_a_long_tail_puts_the_remaining_output_above_the_mean():
     # nine 10-token answers and one 1000-token one: mean 109, r = (E[L²] − E[L]) / (2 E[L])
-    estimate = RemainingDecodeEstimate(0, prior_weight=1e-9, window_requests=math.inf)
+    estimate = OutputLengthEstimate(0, prior_weight=1e-9, window_requests=math.inf)
     for length in [10] * 9 + [1000]:
         estimate.observe(length)
     assert estimate.remaining_tokens == pytest.approx((100_090 - 109) / 218, rel=1e-6)
@@ -45,7 +47,7 @@ def test_a_long_tail_puts_the_remaining_output_above_the_mean():
 
 @pytest.mark.parametrize("value", [-1, 2.5, True, "7"])
 def test_a_bad_output_length_is_refused_and_changes_nothing(value):
-    estimate = RemainingDecodeEstimate(10, prior_weight=1, window_requests=math.inf)
+    estimate = OutputLengthEstimate(10, prior_weight=1, window_requests=math.inf)
     estimate.observe(3)
     with pytest.raises(ValueError, match=f"output_tokens = {value!r}, expected an integer ≥ 0"):
         estimate.observe(value)
@@ -64,4 +66,4 @@ def test_a_bad_output_length_is_refused_and_changes_nothing(value):
 )
 def test_settings_out_of_range_are_refused_by_name(field, value, expected):
     with pytest.raises(ValueError, match=f"{field} = {value!r}, expected {expected}"):
-        RemainingDecodeEstimate(**{field: value})
+        OutputLengthEstimate(**{field: value})

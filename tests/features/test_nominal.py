@@ -90,6 +90,14 @@ def test_nominal_costs():
     assert costs.lookup_s(17) == pytest.approx(3.7e-4)
     assert costs.first_token_s == 2e-3
     assert NominalCosts(lookup_base_s=0.0, lookup_per_block_s=1e-3).lookup_s(4) == pytest.approx(4e-3)
+    # the mean output falls back to the remaining output (equal for exponential lengths)
+    assert (costs.output_tokens_mean, NominalCosts(mean_output_tokens=90.5).output_tokens_mean) == (172, 90.5)
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan")])
+def test_nominal_costs_refuse_a_negative_mean_output(value):
+    with pytest.raises(ValueError, match=f"mean_output_tokens = {value}, expected a number ≥ 0 or None"):
+        NominalCosts(mean_output_tokens=value)
 
 
 # 2 decoders of 256 context tokens (16 blocks of 16 tokens between them); a decode-only step:

@@ -477,15 +477,16 @@ def test_in_flight_prefixes_count_none_on_an_unreachable_engine_and_are_forgotte
 
 def test_finished_requests_set_the_decode_length_the_features_and_the_policy_see(make_router, make_snapshot):
     # prior 10 tokens (mean 10.5, weight 100), window 1000 completions; one 1001-token completion:
-    # Σ L = 0.999 × 1050 + 1001 = 2049.95, Σ L² = 0.999 × 22050 + 1001² = 1024028.95,
-    # r = (Σ L² − Σ L) / (2 Σ L) = 1021979 / 4099.9 (249.27 tokens; the features round it to 249)
+    # Σ w = 0.999 × 100 + 1 = 100.9, Σ L = 0.999 × 1050 + 1001 = 2049.95, Σ L² = 0.999 × 22050 + 1001²
+    # = 1024028.95: the policy's remaining output r = (Σ L² − Σ L) / (2 Σ L) = 1021979 / 4099.9, the
+    # features' mean output Σ L / Σ w = 2049.95 / 100.9 (10, the settings' figure, before any completion)
     router = make_router(costs=NominalCosts(expected_decode_tokens=10))
     scorer = Router(router.directory, router.step_models, RouterSettings(), reads_from=router)
     seen = []
     choose = router.policy.choose
     router.policy.choose = lambda ctx: seen.append(ctx.remaining_decode_tokens) or choose(ctx)
     # KV full (2 blocks, both held by one decoder): the 3-block request waits for memory, and the
-    # KV-wait estimate is one decoder's remaining output in decode steps, so it scales with it
+    # KV-wait estimate is one decoder's lifetime in decode steps, so it scales with the mean output
     full = [make_snapshot(0, running_requests=1, decode_context_tokens=512, kv_usage=1.0, kv_capacity_blocks=2)]
     column = FEATURE_NAMES.index("kv_wait_estimate_s")
     before = router.route(request(1536, [1, 2, 3]), full, 0.0).features[0, column]
@@ -494,6 +495,6 @@ def test_finished_requests_set_the_decode_length_the_features_and_the_policy_see
     after = router.route(request(1536, [1, 2, 3], 1), full, 1.0).features[0, column]
     assert seen == [pytest.approx(10.0, rel=1e-12), pytest.approx(1021979 / 4099.9, rel=1e-12)]
     assert scorer.decode_lengths is router.decode_lengths
-    assert after / before == pytest.approx(249 / 10, rel=1e-12)
+    assert after / before == pytest.approx(2049.95 / 100.9 / 10, rel=1e-12)
     with pytest.raises(ValueError, match="output_tokens = -3, expected an integer ≥ 0"):
         router.on_finished(-3)

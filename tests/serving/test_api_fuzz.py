@@ -53,9 +53,13 @@ def _settings(folder: Path, **overrides) -> ServiceSettings:
     return ServiceSettings(**(fields | overrides))
 
 
+#: The fuzzed app's folder, removed when the test process exits.
+_FOLDER = tempfile.TemporaryDirectory(prefix="kvcost-fuzz-")
+
+
 def _schema():
     """The fuzzed app (its lifespan opens its log in a temporary folder at the first call) and its document."""
-    app = create_app(_settings(Path(tempfile.mkdtemp(prefix="kvcost-fuzz-")), max_body_bytes=2**20))
+    app = create_app(_settings(Path(_FOLDER.name), max_body_bytes=2**20))
     return schemathesis.openapi.from_asgi("/openapi.json", app, config=SchemathesisConfig.from_dict(CROSS_FIELD_RULES))
 
 
