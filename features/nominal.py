@@ -161,7 +161,7 @@ def kv_wait_s(
 
     Why it should hold on other workloads: nothing in it is fitted; the deficit, the held blocks,
     the decode batch and the queue are read from each snapshot and the step times from the GPU
-    type's profile. The mean remaining output is the one stated assumption
+    type's profile. The mean output length is the one stated assumption
     (``NominalCosts.output_tokens_mean``; the router estimates it online from the output lengths
     of the requests that finished, :class:`~kvcost.features.decode_length.OutputLengthEstimate`).
 

@@ -230,8 +230,7 @@ class Router:
     81.7 % on the next 1,700 s of the bundled trace). P50 is unchanged; the policies rank by the
     composed TTFT of the terms.
 
-    What a decoding request has left to generate is estimated online too, from the output
-    lengths of the requests that finished (:meth:`on_finished`,
+    Output lengths are estimated online too, from the requests that finished (:meth:`on_finished`,
     :class:`~kvcost.features.decode_length.OutputLengthEstimate`, starting from
     ``settings.costs.expected_decode_tokens``): the KV-wait feature takes the mean output length from
     it, the memory price the mean remaining output of a decoder.
@@ -263,8 +262,7 @@ class Router:
         self._clears_seen: dict[int, int] = {}  # the directory's clears per worker when last routed
         self.interval = AdaptiveConformalScale() if reads_from is None else reads_from.interval
         prior_tokens = settings.costs.expected_decode_tokens
-        own_lengths = OutputLengthEstimate(prior_tokens) if reads_from is None else reads_from.decode_lengths
-        self.decode_lengths = own_lengths
+        self.decode_lengths = OutputLengthEstimate(prior_tokens) if reads_from is None else reads_from.decode_lengths
         self._costs_at: tuple[int, NominalCosts] = (0, settings.costs)  # (completions seen, costs)
         self.served_bounds = ServedBounds(self.interval)
         self._records = reads_from is None  # in-flight prefixes and served bounds of what it routes

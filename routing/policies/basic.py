@@ -94,7 +94,7 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: float | None = None) ->
       for blocks that running requests release; by the time they wait, this request is one of
       those running requests, with about a running request's remaining output left. None (the
       default) takes the router's online estimate of it from the output lengths observed so far
-      (``ctx.remaining_decode_tokens``, the figure the KV-wait estimate uses too): it differs
+      (``ctx.remaining_decode_tokens``): it differs
       between workloads by more than 5× (50 to 262 tokens on the repository's traces), and a
       fixed figure would scale the price by that much;
     * **÷ capacity**: a worker whose memory binds admits requests as blocks come free. It has
