@@ -170,3 +170,21 @@ def test_a_model_the_fleet_does_not_serve_is_priced_as_an_explicit_fallback(tmp_
         text = client.get("/metrics").text
     assert profiles == {"tiny": "llama-3-8b", "llama-3-8b": "llama-3-8b", "qwen2.5-72b": "fallback:llama-3-8b"}
     assert 'kvcost_profile_fallbacks_total{endpoint="score"} 1.0' in text
+
+
+def test_the_gateways_finished_requests_reach_the_routers_output_lengths(tmp_path):
+    from kvcost.serving.schemas import ScoreRequestIn
+    from kvcost.serving.service import MeasuredOutcome, ScoringService
+
+    service = ScoringService(settings_for(tmp_path, token=False))
+    service.start()
+    try:
+        for request_id, e2e_s in ((21, None), (22, 1.5)):  # 21 never finished: its length is not known
+            service.route(ScoreRequestIn.model_validate(make_body(request_id=request_id)))
+            measured = MeasuredOutcome(request_id, 0.2, None, e2e_s, None, 30, None, 0, None, "ok")
+            service.record_measured(measured).result(timeout=10)
+        lengths = service.routing.router.decode_lengths
+    finally:
+        service.stop()
+    # one 30-token completion after the prior (mean 172.5, weight 100, window 1000 completions)
+    assert (lengths.observed, lengths.mean_tokens) == (1, pytest.approx((0.999 * 17250 + 30) / 100.9, rel=1e-12))
