@@ -1,10 +1,13 @@
-"""Benchmark: the KV-wait estimate (``features.nominal.kv_wait_s``) against the replay's truth (``make bench``).
+"""Benchmark: the KV-wait estimate (``features.nominal.kv_wait_s``) against the replay (``make bench``).
 
-The truth is each request's ``kv_wait_s``: the time it led its worker's queue, with prefill
-budget left, while KV memory kept it out (:mod:`kvcost.replay.worker`). The estimate is the
-``kv_wait_estimate_s`` feature of the candidate the router chose. Two cells where memory binds:
-the bundled conversation trace on 4 workers at its 95 % load (rate scale 0.595) and the
-generated mix on 4 workers at rate scale 1 (about 95 %).
+The estimate is the ``kv_wait_estimate_s`` feature of the candidate the router chose: the wait
+beyond the compute queue until memory admits the request, behind a memory-bound head included.
+What it estimates is therefore the queue residual, the request's actual queue time less the
+nominal (compute) queue of its worker. The bench also prints each request's ``kv_wait_s``, the
+time it itself led its worker's queue while KV memory kept it out (:mod:`kvcost.replay.worker`),
+a part of the residual only. Two cells where memory binds: the bundled conversation trace on 4
+workers at its 95 % load (rate scale 0.595) and the generated mix on 4 workers at rate scale 1
+(about 95 %).
 """
 
 import numpy as np
@@ -24,16 +27,20 @@ def test_kv_wait_estimate_against_the_replay(trace, workers, rate_scale):
     result = replay(_trace(trace, rate_scale, None, 0), config)
     requests = result.requests.set_index("request_id")
     chosen = result.candidates[result.candidates["chosen"]].set_index("request_id").reindex(requests.index)
-    truth = requests["kv_wait_s"].to_numpy()
+    head_s = requests["kv_wait_s"].to_numpy()
+    residual = (requests["actual_queue_s"] - chosen["nominal_queue_s"]).to_numpy()
     estimate = chosen["kv_wait_estimate_s"].to_numpy()
     queue_s = requests["actual_queue_s"].sum()
-    corr = np.corrcoef(estimate, truth)[0, 1] if truth.std() and estimate.std() else float("nan")
+    corr = np.corrcoef(estimate, residual)[0, 1]
     print(
-        f"\nKV wait, {trace} on {workers} workers × {rate_scale}: {len(truth)} requests, "
-        f"{result.preemptions} preemptions, {truth.sum() / queue_s:.1%} of queue time; "
-        f"truth mean {truth.mean():.3f} s (> 0 for {np.mean(truth > 0):.1%}, P99 {np.quantile(truth, 0.99):.2f} s), "
-        f"estimate mean {estimate.mean():.3f} s (> 0 for {np.mean(estimate > 0):.1%}, "
-        f"P99 {np.quantile(estimate, 0.99):.2f} s); MAE {np.mean(np.abs(estimate - truth)):.3f} s, "
-        f"correlation {corr:.2f}"
+        f"\nKV wait, {trace} on {workers} workers × {rate_scale}: {len(residual)} requests, "
+        f"{result.preemptions} preemptions; queue residual mean {residual.mean():.3f} s "
+        f"(P99 {np.quantile(residual, 0.99):.2f} s), estimate mean {estimate.mean():.3f} s "
+        f"(P99 {np.quantile(estimate, 0.99):.2f} s): ratio {estimate.mean() / residual.mean():.2f}, "
+        f"correlation {corr:.2f}, MAE {np.mean(np.abs(estimate - residual)):.3f} s; "
+        f"head-of-queue KV wait {head_s.sum() / queue_s:.1%} of queue time"
     )
-    assert estimate.mean() < 10 * truth.mean()  # the estimate it replaced was 55-320× the truth here
+    # with the mean output: ratio 0.80 and 0.71, correlation 0.78 and 0.83 (with the remaining output
+    # as the decoders' mean: 0.58 and 0.30; with a fixed 172 tokens on the bundled trace: 0.35)
+    assert 0.5 < estimate.mean() / residual.mean() < 2
+    assert corr > 0.5
