@@ -129,6 +129,10 @@ class WorkerSnapshot:
         transfer_backlog_s: time until its inbound network link is free (transfers queued), ≥ 0.
         namespace: the KV namespace the worker serves (model, revision, adapter,
             block size, KV layout, cache salt); None = compatible with any request.
+        running_output_tokens: output tokens each decoding request has produced so far, one
+            count per running request, any order (the gateway counts the tokens it streamed; a
+            replay reads its decoders); empty = unknown. The KV-wait estimate uses it only when
+            it has ``running_requests`` entries.
     """
 
     worker_id: int
@@ -147,6 +151,7 @@ class WorkerSnapshot:
     load_backlog_s: float = 0.0
     transfer_backlog_s: float = 0.0
     namespace: Namespace | None = None
+    running_output_tokens: tuple[int, ...] = ()
 
     @property
     def waiting_requests(self) -> int:

@@ -187,6 +187,8 @@ def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candid
             costs.output_tokens_mean,
             s.queued_prefill_tokens,
             s.kv_usage * s.kv_capacity_blocks if s.kv_capacity_blocks > 0 else None,
+            s.running_output_tokens,
+            costs.output_tokens_cv2,
         )
         lookup_s = costs.lookup_s(blocks) + costs.load_s(load, disk, s.load_backlog_s)
         transfer_s = costs.transfer_s(fetched, s.transfer_backlog_s)

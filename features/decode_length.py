@@ -3,8 +3,8 @@
 A router cannot know a request's output length, but it sees the lengths of the requests that
 have finished (the gateway counts the streamed tokens, ``POST /v1/observe`` carries the
 engine's usage, a replay reports each completion). :class:`OutputLengthEstimate` turns those
-into the two figures the cost model assumes: the mean output length, the rate at which decoders
-finish in the KV-wait estimate (:func:`~kvcost.features.nominal.kv_wait_s`), and the mean
+into the figures the cost model assumes: the mean output length and its spread, the rate and
+law by which decoders finish in the KV-wait estimate (:func:`~kvcost.features.nominal.kv_wait_s`), and the mean
 remaining output of a request found decoding, how long the memory price
 (:func:`~kvcost.routing.policies.basic.memory_hold_price_s`) holds a request's blocks.
 """
@@ -101,6 +101,17 @@ class OutputLengthEstimate:
     def mean_tokens(self) -> float:
         """``E[L]``, the mean output length in tokens (≥ 0)."""
         return self._sum / self._weight
+
+    @property
+    def squared_cv(self) -> float:
+        """Variance ÷ mean² of the output lengths, the law of a decoder's remaining output in the
+        KV-wait estimate (:func:`~kvcost.features.nominal.finish_steps`); 1 (exponential) when the
+        mean is 0, else clipped to [10⁻⁶, 10⁶] so that it stays a valid gamma shape."""
+        mean = self.mean_tokens
+        if mean <= 0:
+            return 1.0
+        variance = max(0.0, self._sum_squares / self._weight - mean * mean)
+        return min(max(variance / (mean * mean), 1e-6), 1e6)
 
     @property
     def remaining_tokens(self) -> float:

@@ -20,7 +20,12 @@ context) is added to the steps where it happens.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import gammaincc
 
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.links import CPU_TO_GPU, DISK_TO_CPU, NETWORK, LinkSpec
@@ -48,6 +53,9 @@ class NominalCosts:
         mean_output_tokens: mean output length of a request, tokens (≥ 0), the rate at which
             decoders finish (:func:`kv_wait_s`); None = ``expected_decode_tokens`` (exponential
             lengths, whose mean and mean remaining output are equal).
+        output_tokens_cv2: squared coefficient of variation of the output lengths (variance ÷
+            mean², > 0), the law of the decoders' remaining output when their progress is known
+            (:func:`finish_steps`); 1 = exponential (the default assumption).
         cpu_to_gpu, disk_to_cpu, network: the links KV moves over (``kvcost.core.links``).
     """
 
@@ -56,6 +64,7 @@ class NominalCosts:
     first_token_s: float = DEFAULT_FIRST_TOKEN_S
     expected_decode_tokens: int = DEFAULT_EXPECTED_DECODE_TOKENS
     mean_output_tokens: float | None = None
+    output_tokens_cv2: float = 1.0
     cpu_to_gpu: LinkSpec = CPU_TO_GPU
     disk_to_cpu: LinkSpec = DISK_TO_CPU
     network: LinkSpec = NETWORK
@@ -65,6 +74,8 @@ class NominalCosts:
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"{name} = {value}, expected a number ≥ 0")
+        if not (self.output_tokens_cv2 > 0 and math.isfinite(self.output_tokens_cv2)):
+            raise ValueError(f"output_tokens_cv2 = {self.output_tokens_cv2}, expected a finite number > 0")
         if self.mean_output_tokens is not None and not self.mean_output_tokens >= 0:
             raise ValueError(f"mean_output_tokens = {self.mean_output_tokens}, expected a number ≥ 0 or None")
 
@@ -108,6 +119,8 @@ def kv_wait_s(
     mean_output_tokens: float,
     queued_prefill_tokens: int,
     held_blocks: float | None = None,
+    running_output_tokens: Sequence[int] = (),
+    output_cv2: float = 1.0,
 ) -> float:
     """Expected wait for KV memory beyond the compute queue, seconds (≥ 0): the KV-wait estimate.
 
@@ -143,8 +156,17 @@ def kv_wait_s(
     (``cost_aware``, 4 workers, seed 0; kvcost issue 13), the estimate's mean was 0.18–0.58 of it
     on four workloads with the remaining output, and is 0.63–1.24 with the mean output.
 
+    When the decoders' progress is known (``running_output_tokens``, one count per decoder: the
+    gateway counts each stream's tokens, a replay its decoders'), the ``k``-th finish comes from
+    each decoder's own remaining output under the gamma law of the observed mean and variance
+    instead (:func:`finish_steps`). The exponential's finishes do not depend on the progress; real
+    lengths vary less (kvcost issue 13: right after a burst admitted 354 decoders on one worker,
+    about one finished a second for over 10 s, a fraction of the stationary rate ``n ÷ E[L]`` a
+    step).
+
     When ``k ≥ n``, or a finish frees no more than is taken meanwhile, the wait is the whole
-    batch's drain, ``mean × (1 + 1/2 + … + 1/n)`` steps. The first
+    batch's drain, ``mean × (1 + 1/2 + … + 1/n)`` steps (progress known: the last finish of
+    :func:`finish_steps`). The first
     ``ceil(queued_prefill_tokens / (token_budget − n))`` of those steps are the compute queue's own
     (chunked prefill, :func:`queue_and_prefill_s`), which the request waits out anyway; the wait for
     memory is the steps beyond them, each a decode-only step of the batch (``step_model.step_s``).
@@ -174,6 +196,10 @@ def kv_wait_s(
         queued_prefill_tokens: prefill tokens queued ahead of this request, ≥ 0.
         held_blocks: physical blocks held by the running requests (``kv_usage × capacity``);
             None = ``decode_context_tokens / block_size_tokens`` (no sharing known).
+        running_output_tokens: tokens each decoder has produced so far; used only when it has
+            ``running_requests`` entries (else the progress is taken as unknown).
+        output_cv2: squared coefficient of variation of the output lengths (> 0; 1 =
+            exponential), for the law :func:`finish_steps` assumes.
     """
     if deficit_blocks <= 0:
         return 0.0
@@ -184,9 +210,85 @@ def kv_wait_s(
     held = decode_context_tokens / block_size_tokens if held_blocks is None else float(held_blocks)
     freed_per_finish = held / n - mean_steps / block_size_tokens
     k = math.ceil(deficit_blocks / freed_per_finish) if freed_per_finish > 0 else n
-    steps = mean_steps * (_harmonic(n) - _harmonic(max(0, n - k)))
+    if len(running_output_tokens) == n and mean_steps > 0:
+        steps = finish_steps(min(k, n), running_output_tokens, mean_steps, output_cv2)
+    else:
+        steps = mean_steps * (_harmonic(n) - _harmonic(max(0, n - k)))
     queue_steps = math.ceil(queued_prefill_tokens / max(1, step_model.token_budget - n))
     return max(0.0, steps - queue_steps) * step_model.step_s(n, 0.0, decode_context_tokens)
+
+
+#: Equal-count groups of decoders (by progress) :func:`finish_steps` pools a batch into: each group
+#: counts at its mean progress (a batch of hundreds costs what 32 decoders do).
+FINISH_PROGRESS_GROUPS = 32
+#: Longest wait :func:`finish_steps` returns, in mean output lengths (a bracket for the root).
+_FINISH_MAX_MEANS = 1e3
+#: Range of the gamma law's shape ``1 / cv²`` (a squared coefficient of variation from 0.0025 to 20).
+_GAMMA_SHAPE_RANGE = (0.05, 400.0)
+
+
+def finish_steps(finishes: int, output_tokens_so_far: Sequence[int], mean_tokens: float, cv2: float = 1.0) -> float:
+    """Decode steps until ``finishes`` of the running decoders have finished, expected (≥ 0).
+
+    Law of the output length ``L``: the gamma with the observed mean and variance (shape
+    ``α = 1 / cv²``, scale ``mean × cv²``; ``cv² = 1`` is the exponential). A decoder that has
+    produced ``a`` tokens has ``L > a`` and finishes within ``s`` more steps with probability
+    ``F_a(s) = 1 − S(a + s) ÷ S(a)`` (``S`` the gamma's survival function). The ``k``-th finish is
+    placed where the expected number of finishes reaches ``k n ÷ (n + ½)`` (the mean-field order
+    statistic, ``Σ_i F_{a_i}(s) = k n ÷ (n + ½)``: for exponential lengths it is ``mean × ln((n + ½) ÷
+    (n − k + ½))``, the usual approximation of ``mean × (H(n) − H(n − k))``, the exact mean that
+    :func:`kv_wait_s` takes when the progress is unknown).
+
+    Why the progress matters: lengths that vary less than an exponential's (``cv² < 1``, the
+    generated workloads and the bundled conversation trace) have a rising hazard, so a batch a
+    burst admitted together has young decoders and no finish for most of an output length, while a
+    batch of old decoders finishes soon. Lengths with a long tail (``cv² > 1``) have a falling
+    hazard: a decoder that has run long will likely run longer. Only for exponential lengths is the
+    progress irrelevant. Why the gamma: it is the two-parameter law fixed by the mean and the
+    variance the router estimates (:class:`~kvcost.features.decode_length.OutputLengthEstimate`),
+    has the exponential as its special case, and its survival function is one special function
+    (``scipy.special.gammaincc``); no shape is fitted to a trace.
+
+    Args:
+        finishes: how many decoders must finish, 1 … ``len(output_tokens_so_far)``.
+        output_tokens_so_far: tokens each running decoder has produced, each ≥ 0.
+        mean_tokens: mean output length, tokens (> 0).
+        cv2: squared coefficient of variation of the output lengths (variance ÷ mean², > 0;
+            clipped to the shapes of ``_GAMMA_SHAPE_RANGE``).
+
+    Returns:
+        Steps, a float ≥ 0 (Brent's root of the expected count, to 10⁻⁹ of the mean); at most
+        1,000 × ``mean_tokens``. Decoders whose survival underflows (far beyond the law's mean)
+        count as finishing now.
+
+    Raises:
+        ValueError: ``finishes`` outside 1 … n, or ``mean_tokens`` or ``cv2`` not > 0.
+    """
+    n = len(output_tokens_so_far)
+    if not 1 <= finishes <= n:
+        raise ValueError(f"finishes = {finishes}, expected an integer in 1 … {n} (the running decoders)")
+    if not (mean_tokens > 0 and cv2 > 0):
+        raise ValueError(f"mean_tokens = {mean_tokens}, cv2 = {cv2}: expected numbers > 0")
+    shape = min(max(1.0 / cv2, _GAMMA_SHAPE_RANGE[0]), _GAMMA_SHAPE_RANGE[1])
+    scale = mean_tokens / shape
+    progress = np.sort(np.asarray(output_tokens_so_far, dtype=np.float64))
+    starts = (np.arange(min(n, FINISH_PROGRESS_GROUPS)) * n) // min(n, FINISH_PROGRESS_GROUPS)
+    counts = np.diff(np.append(starts, n)).astype(np.float64)
+    ages = np.add.reduceat(progress, starts) / counts
+    alive = gammaincc(shape, ages / scale)
+    counts = np.where(alive > 0, counts, 0.0)  # beyond the law's reach: finishing now, counted below
+    alive = np.where(alive > 0, alive, 1.0)
+    target = finishes * n / (n + 0.5) - (n - counts.sum())
+
+    def short_of_target(steps: float) -> float:
+        return float(counts @ (1.0 - gammaincc(shape, (ages + steps) / scale) / alive)) - target
+
+    longest = _FINISH_MAX_MEANS * mean_tokens
+    if target <= 0:
+        return 0.0
+    if short_of_target(longest) < 0:
+        return longest
+    return float(brentq(short_of_target, 0.0, longest, xtol=1e-9 * mean_tokens, rtol=1e-12))
 
 
 def _harmonic(m: int) -> float:

@@ -184,6 +184,9 @@ class SimWorker:
             recent_step_nominal_s=self.last_step_nominal_s,
             load_backlog_s=self.tiers.pcie.backlog_s(now_s) if self.tiers else 0.0,
             transfer_backlog_s=self.tiers.network.backlog_s(now_s) if self.tiers else 0.0,
+            running_output_tokens=tuple(
+                r.emitted_tokens + 1 + self.decode_steps - r.decode_start_step for _, _, r in self._decoding
+            ),
         )
 
     def _step_remaining_s(self, now_s: float) -> float:

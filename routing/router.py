@@ -520,7 +520,8 @@ class Router:
 
     def _costs(self) -> NominalCosts:
         """The nominal costs the features are computed with: the settings' costs, with the mean output
-        length (the rate at which decoders finish, for the KV-wait feature) from :attr:`decode_lengths`.
+        length and its squared coefficient of variation (the rate and law by which decoders finish,
+        for the KV-wait feature) from :attr:`decode_lengths`.
 
         ``load_tokens`` (:func:`outstanding_tokens`) keeps the settings' fixed
         ``expected_decode_tokens``: it is ``least_loaded``'s stated rule and what the bench's load
@@ -529,7 +530,10 @@ class Router:
         if not observed:
             return self.settings.costs
         if self._costs_at[0] != observed:  # one copy per completion, not per decision
-            costs = replace(self.settings.costs, mean_output_tokens=self.decode_lengths.mean_tokens)
+            lengths = self.decode_lengths
+            costs = replace(
+                self.settings.costs, mean_output_tokens=lengths.mean_tokens, output_tokens_cv2=lengths.squared_cv
+            )
             self._costs_at = (observed, costs)
         return self._costs_at[1]
 

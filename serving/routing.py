@@ -371,6 +371,7 @@ class Routing:
             oldest_waiting_s=body.oldest_waiting_s,
             recent_step_nominal_s=body.recent_step_nominal_s,
             namespace=self._worker_namespace(body.namespace),
+            running_output_tokens=tuple(body.running_output_tokens),
         )
 
     def _worker_namespace(self, body: NamespaceIn | None) -> Namespace | None:

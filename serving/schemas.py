@@ -34,6 +34,9 @@ MAX_TOKENS = 1_048_576
 MAX_BLOCK_SIZE_TOKENS = 65_536
 #: Entries of a snapshot's ``waiting_prefill`` (requests queued on one worker).
 MAX_WAITING_REQUESTS = 16_384
+#: Entries of a snapshot's ``running_output_tokens`` (requests decoding on one worker; vLLM's
+#: ``max_num_seqs`` is 256–1,024 by default).
+MAX_RUNNING_REQUESTS = 16_384
 #: Upper bound of durations, seconds (11.6 days): anything larger is a unit error.
 MAX_SECONDS = 1e6
 #: Upper bound of wall-clock instants (epoch seconds, year 33658): anything larger is a unit error.
@@ -203,6 +206,11 @@ class SnapshotIn(BaseModel):
     waiting_prompt_blocks: Count = 0
     oldest_waiting_s: Seconds = 0.0
     recent_step_nominal_s: Seconds = Field(0.0, description="0 = unknown")
+    running_output_tokens: Annotated[list[Count], Field(max_length=MAX_RUNNING_REQUESTS)] = Field(
+        default_factory=list,
+        description="output tokens each decoding request has produced so far (any order); empty = unknown. "
+        "The KV-wait estimate uses it only with one entry per running request",
+    )
     namespace: NamespaceIn | None = Field(
         None,
         description="what the worker serves (model, revision, adapter, block size, KV layout); null = anything. "

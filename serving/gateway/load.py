@@ -97,7 +97,9 @@ class SentLoad:
         tokens)``; when the scrape counts more waiting than that, the extra ones (sent by
         another path) are appended as the scrape describes them. Decoding requests and
         their KV: the larger of the two. KV usage, capacity and step time: the scrape's
-        (0 = unknown without one).
+        (0 = unknown without one). The decoders' progress: the tokens the gateway streamed for
+        each of its own (where the scrape counts more decoders, the KV-wait estimate takes the
+        progress as unknown).
 
         Args:
             worker_id: the worker.
@@ -113,6 +115,7 @@ class SentLoad:
         decoding = [s for s in own if s.decoding]
         context = sum(s.context_tokens + s.prefill_tokens + s.generated_tokens for s in decoding)
         own_blocks = sum(blocks_to_allocate(tokens + ctx, ctx, block_size_tokens) for tokens, ctx in waiting)
+        progress = tuple(s.generated_tokens for s in decoding)
         if scraped is None:
             return WorkerSnapshot(
                 worker_id=worker_id,
@@ -125,6 +128,7 @@ class SentLoad:
                 recent_step_s=0.0,
                 step_remaining_s=0.0,
                 waiting_prompt_blocks=own_blocks,
+                running_output_tokens=progress,
             )
         extra = scraped.waiting_prefill[len(waiting) :]
         running = max(len(decoding), scraped.running_requests - len(waiting))
@@ -135,4 +139,5 @@ class SentLoad:
             running_requests=max(0, running),
             decode_context_tokens=max(context, scraped.decode_context_tokens),
             waiting_prompt_blocks=max(own_blocks, scraped.waiting_prompt_blocks),
+            running_output_tokens=progress,
         )

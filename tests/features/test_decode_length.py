@@ -23,7 +23,18 @@ def test_observed_lengths_join_the_prior_by_their_weights():
     estimate.observe(np.int64(5))
     assert estimate.remaining_tokens == pytest.approx(236 / 37, rel=1e-12)
     assert estimate.mean_tokens == pytest.approx(18.5 / 3, rel=1e-12)
+    # variance ÷ mean²: (254.5 / 3 − (18.5 / 3)²) ÷ (18.5 / 3)² = (3 × 254.5 − 18.5²) / 18.5²
+    assert estimate.squared_cv == pytest.approx((3 * 254.5 - 18.5**2) / 18.5**2, rel=1e-12)
     assert estimate.observed == 2
+
+
+def test_the_prior_is_exponential_and_a_fixed_length_has_the_smallest_spread():
+    assert OutputLengthEstimate(172).squared_cv == pytest.approx(1.0, rel=1e-12)  # E[L²] = 2 mean²
+    assert OutputLengthEstimate(0, prior_weight=1e-12).squared_cv == pytest.approx(1.0, rel=1e-9)
+    fixed = OutputLengthEstimate(0, prior_weight=1, window_requests=1)  # only the last completion counts
+    fixed.observe(40)
+    assert fixed.squared_cv == 1e-6  # no spread: clipped to a valid gamma shape
+    assert OutputLengthEstimate(0, prior_weight=1, window_requests=1).squared_cv == 1.0  # mean 0.5 → 1
 
 
 def test_a_short_window_forgets_the_prior_and_a_fixed_length_leaves_half_of_it():

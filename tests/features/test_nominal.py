@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from kvcost.features.nominal import NominalCosts, kv_wait_s, queue_and_prefill_s
+from kvcost.features.nominal import NominalCosts, finish_steps, kv_wait_s, queue_and_prefill_s
 
 
 def nominal(model, uncached, reusable=0, waiting=(), running=0, decode_ctx=0, remaining_s=0.0):
@@ -142,3 +142,61 @@ def test_kv_wait_is_finite_and_fast_for_any_claimed_batch(linear_step_model):
     step_s = linear_step_model.step_s(10**9, 0.0, 10**12)
     got = kv_wait_s(linear_step_model, 62.5e9, 10**9, 10**12, 16, 100, 0)
     assert got == pytest.approx(100 * harmonic * step_s, rel=1e-12)
+
+
+def test_finish_steps_for_exponential_lengths_ignores_the_progress():
+    # 2 decoders, 1 finish: the expected count reaches 1 × 2 / 2.5 = 0.8 when 2 (1 − e^(−s / 100)) = 0.8
+    assert finish_steps(1, [3, 7], 100, 1.0) == pytest.approx(-100 * math.log(0.6), rel=1e-9)
+    # both: 2 (1 − e^(−s / 100)) = 1.6; the same whatever the decoders have produced
+    both = -100 * math.log(0.2)
+    assert finish_steps(2, [0, 500], 100, 1.0) == pytest.approx(both, rel=1e-9)
+    assert finish_steps(2, [50, 50], 100, 1.0) == pytest.approx(both, rel=1e-9)
+
+
+def erlang4_survival(x: float, scale: float) -> float:
+    """Survival of the gamma of shape 4 (cv² = 0.25), in closed form: e^(−y) (1 + y + y²/2 + y³/6)."""
+    y = x / scale
+    return math.exp(-y) * (1 + y + y * y / 2 + y**3 / 6)
+
+
+@pytest.mark.parametrize("produced", [0, 50, 200])
+def test_finish_steps_with_less_spread_than_an_exponential_waits_longer_for_young_decoders(produced):
+    # one decoder, mean 100, cv² 0.25 (shape 4, scale 25): the count reaches 1 / 1.5 when
+    # S(a + s) ÷ S(a) = 1/3, S checked in closed form
+    steps = finish_steps(1, [produced], 100, 0.25)
+    assert erlang4_survival(produced + steps, 25) / erlang4_survival(produced, 25) == pytest.approx(1 / 3, rel=1e-7)
+    assert finish_steps(1, [0], 100, 0.25) > finish_steps(1, [50], 100, 0.25) > finish_steps(1, [200], 100, 0.25)
+
+
+def test_finish_steps_counts_decoders_far_beyond_the_law_as_finishing_now():
+    # shape 100, scale 1: a decoder at 10⁷ tokens has survival 0; one finish is already there
+    assert finish_steps(1, [10**7, 0], 100, 0.01) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("finishes", "produced", "mean", "cv2", "message"),
+    [
+        (0, [1, 2], 100, 1.0, "finishes = 0, expected an integer in 1 … 2"),
+        (3, [1, 2], 100, 1.0, "finishes = 3, expected an integer in 1 … 2"),
+        (1, [1], 0, 1.0, "mean_tokens = 0, cv2 = 1.0: expected numbers > 0"),
+        (1, [1], 100, 0.0, "mean_tokens = 100, cv2 = 0.0: expected numbers > 0"),
+    ],
+)
+def test_finish_steps_refuses_bad_input_by_name(finishes, produced, mean, cv2, message):
+    with pytest.raises(ValueError, match=message):
+        finish_steps(finishes, produced, mean, cv2)
+
+
+def test_kv_wait_uses_the_progress_only_with_one_count_per_decoder(linear_step_model):
+    # the by-hand case (7, 0, 16, None): one of the 2 decoders must finish. Progress known, exponential:
+    # 2 (1 − e^(−s / 16)) = 0.8; one count for 2 decoders: unknown, the stationary 16 / 2 steps
+    known = kv_wait_s(linear_step_model, 7, 2, 256, 16, 16, 0, None, (4, 9), 1.0)
+    assert known == pytest.approx(-16 * math.log(0.6) * DECODE_STEP_S, rel=1e-9)
+    partial = kv_wait_s(linear_step_model, 7, 2, 256, 16, 16, 0, None, (4,), 1.0)
+    assert partial == pytest.approx(16 / 2 * DECODE_STEP_S, abs=1e-12)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
+def test_output_cv2_out_of_range_is_refused_by_name(value):
+    with pytest.raises(ValueError, match=f"output_tokens_cv2 = {value}, expected a finite number > 0"):
+        NominalCosts(output_tokens_cv2=value)

@@ -494,3 +494,16 @@ def test_a_request_admitted_before_a_sibling_prefill_ends_reuses_the_chunks_alre
     assert b.reused_tokens == 300
     stored = [(hashes[0], len(hashes)) for _, kind, hashes, _, _ in worker.events if kind == "stored"]
     assert stored == [(1, 10), (11, 10), (21, 10), (40, 2)]  # one event per scheduled chunk
+
+
+def test_snapshot_reports_each_decoders_output_so_far():
+    worker = make_worker()
+    worker.enqueue(req(0, 0.0, 45, 5, range(1, 6)))
+    end = worker.start_step(0.0)
+    worker.finish_step(end)  # the prefill step made the first token
+    assert worker.snapshot(end).running_output_tokens == (1,)
+    worker.enqueue(req(1, end, 45, 5, range(10, 15)))
+    for _ in range(2):  # the second request's prefill step is the first one's second decode step
+        end = worker.start_step(end)
+        worker.finish_step(end)
+    assert sorted(worker.snapshot(end).running_output_tokens) == [2, 3]

@@ -13,7 +13,7 @@ import pytest
 from kvcost.core.composition import CalibratedTTFT, TermPredictions
 from kvcost.core.links import LinkSpec
 from kvcost.core.types import Namespace, ReusePlan, RouteRequest
-from kvcost.features.nominal import NominalCosts
+from kvcost.features.nominal import NominalCosts, finish_steps
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.router import (
@@ -498,3 +498,11 @@ def test_finished_requests_set_the_decode_length_the_features_and_the_policy_see
     assert after / before == pytest.approx(2049.95 / 100.9 / 10, rel=1e-12)
     with pytest.raises(ValueError, match="output_tokens = -3, expected an integer ≥ 0"):
         router.on_finished(-3)
+    # the decoder's progress known (3 tokens out): its finish follows the gamma of the observed mean
+    # and spread instead of the stationary mean lifetime
+    lengths = router.decode_lengths
+    progress = [replace(full[0], running_output_tokens=(3,))]
+    known = router.route(request(1536, [1, 2, 3], 2), progress, 2.0).features[0, column]
+    expected = finish_steps(1, [3], lengths.mean_tokens, lengths.squared_cv) / lengths.mean_tokens
+    assert known / after == pytest.approx(expected, rel=1e-9)
+    assert lengths.squared_cv != pytest.approx(1.0)  # a spread of its own, not the exponential's

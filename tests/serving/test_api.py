@@ -193,8 +193,10 @@ def test_pushed_snapshot_serves_candidates_without_one(client):
     assert missing.json()["detail"][0]["loc"] == ["body", "candidates", 0, "snapshot"]
     assert "worker 4 has no snapshot" in missing.json()["message"]
 
-    ack = client.post("/v1/workers/4/snapshot", json={"gpu": "h100", "running_requests": 3}, headers=AUTH)
+    pushed = {"gpu": "h100", "running_requests": 3, "running_output_tokens": [7, 0, 12]}
+    ack = client.post("/v1/workers/4/snapshot", json=pushed, headers=AUTH)
     assert ack.status_code == 200 and ack.json()["worker_id"] == 4
+    assert client.app.state.service.routing.snapshots[4][0].running_output_tokens == (7, 0, 12)
     scored = client.post("/v1/score", json=make_body(candidates=[{"worker_id": 4}, {"worker_id": 5, "snapshot": {}}]))
     assert scored.status_code == 200
     first = scored.json()["candidates"][0]
@@ -236,6 +238,12 @@ def _with(body, path, value):
         (("request", "token_ids"), [1, -2], ["request", "token_ids", 1], "greater than or equal to 0"),
         (("candidates", 0, "snapshot", "kv_usage"), 1.5, ["candidates", 0, "snapshot", "kv_usage"], "less than"),
         (("candidates", 0, "snapshot", "recent_step_s"), -0.1, ["candidates", 0, "snapshot", "recent_step_s"], "0"),
+        (
+            ("candidates", 0, "snapshot", "running_output_tokens"),
+            [3, -1],
+            ["candidates", 0, "snapshot", "running_output_tokens", 1],
+            "greater than or equal to 0",
+        ),
         (
             ("candidates", 0, "snapshot", "waiting_prefill"),
             [[1]],

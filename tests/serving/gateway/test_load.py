@@ -23,6 +23,7 @@ def test_a_request_queues_prefill_net_of_reuse_then_decodes_then_leaves():
     load.generated(1, 5)
     assert load.counts(0) == (1, 1, 50)
     assert load.snapshot(0, "a100", None, 32).decode_context_tokens == 100 + 5
+    assert load.snapshot(0, "a100", None, 32).running_output_tokens == (5,)  # the tokens streamed so far
     load.finished(1)
     load.finished(1)  # idempotent
     load.first_token(99)  # unknown ids are ignored
