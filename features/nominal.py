@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import brentq
 from scipy.special import gammaincc
 
 from kvcost.core.hardware import StepTimeModel
@@ -219,12 +219,29 @@ def kv_wait_s(
 
 
 #: Equal-count groups of decoders (by progress) :func:`finish_steps` pools a batch into: each group
-#: counts at its mean progress (a batch of hundreds costs what 32 decoders do).
-FINISH_PROGRESS_GROUPS = 32
-#: Longest wait :func:`finish_steps` returns, in mean output lengths (a bracket for the root).
-_FINISH_MAX_MEANS = 1e3
+#: counts at its mean progress (a batch of hundreds costs what 16 decoders do).
+FINISH_PROGRESS_GROUPS = 16
+#: The bracket of :func:`finish_steps`'s root, in mean output lengths: it starts at the exponential's
+#: answer and doubles or halves within these bounds.
+_FINISH_MIN_MEANS, _FINISH_MAX_MEANS = 1e-6, 1e3
+#: Where the gamma's log-survival is tabulated, in mean output lengths: 0, then 10⁻⁶ to 10⁴, 240 a
+#: decade (neighbours 1 % apart: linear interpolation of the smooth ``ln S`` is exact to ~10⁻⁵;
+#: exact for the exponential, whose ``ln S`` is linear).
+_SURVIVAL_X = np.concatenate(([0.0], np.logspace(-6.0, 4.0, 10 * 240 + 1)))
+#: ``ln S`` at or below this counts as 0 survival (``e^−700`` ≈ 10⁻³⁰⁴).
+_DEAD_LOG_SURVIVAL = -700.0
 #: Range of the gamma law's shape ``1 / cv²`` (a squared coefficient of variation from 0.0025 to 20).
 _GAMMA_SHAPE_RANGE = (0.05, 400.0)
+
+
+@lru_cache(maxsize=32)
+def _log_survival(shape: float) -> np.ndarray:
+    """``ln S(x)`` of the gamma of shape ``shape`` and mean 1 at :data:`_SURVIVAL_X`, floored at
+    :data:`_DEAD_LOG_SURVIVAL` (one table per shape; :func:`finish_steps` rounds the shape to 3
+    significant digits, so a slowly moving estimate reuses it)."""
+    with np.errstate(divide="ignore"):
+        log_s = np.log(gammaincc(shape, _SURVIVAL_X * shape))
+    return np.maximum(log_s, _DEAD_LOG_SURVIVAL)
 
 
 def finish_steps(finishes: int, output_tokens_so_far: Sequence[int], mean_tokens: float, cv2: float = 1.0) -> float:
@@ -249,6 +266,12 @@ def finish_steps(finishes: int, output_tokens_so_far: Sequence[int], mean_tokens
     has the exponential as its special case, and its survival function is one special function
     (``scipy.special.gammaincc``); no shape is fitted to a trace.
 
+    Cost: it runs per candidate per decision wherever memory is short, so it reads ``ln S`` from a
+    table per shape (the shape rounded to 3 significant digits, a change of at most 0.5 %) and
+    pools the decoders into :data:`FINISH_PROGRESS_GROUPS` groups, and brackets the root from the
+    exponential's answer: a handful of interpolations of 16 values a call, whatever the batch
+    (the route with every candidate short of memory is measured in ``make bench``).
+
     Args:
         finishes: how many decoders must finish, 1 … ``len(output_tokens_so_far)``.
         output_tokens_so_far: tokens each running decoder has produced, each ≥ 0.
@@ -257,8 +280,8 @@ def finish_steps(finishes: int, output_tokens_so_far: Sequence[int], mean_tokens
             clipped to the shapes of ``_GAMMA_SHAPE_RANGE``).
 
     Returns:
-        Steps, a float ≥ 0 (Brent's root of the expected count, to 10⁻⁹ of the mean); at most
-        1,000 × ``mean_tokens``. Decoders whose survival underflows (far beyond the law's mean)
+        Steps, a float ≥ 0, to about 10⁻⁵ relative (the tabulated survival; exact for ``cv² = 1``);
+        at most 1,000 × ``mean_tokens``. Decoders whose survival is 0 (far beyond the law's mean)
         count as finishing now.
 
     Raises:
@@ -269,26 +292,82 @@ def finish_steps(finishes: int, output_tokens_so_far: Sequence[int], mean_tokens
         raise ValueError(f"finishes = {finishes}, expected an integer in 1 … {n} (the running decoders)")
     if not (mean_tokens > 0 and cv2 > 0):
         raise ValueError(f"mean_tokens = {mean_tokens}, cv2 = {cv2}: expected numbers > 0")
-    shape = min(max(1.0 / cv2, _GAMMA_SHAPE_RANGE[0]), _GAMMA_SHAPE_RANGE[1])
-    scale = mean_tokens / shape
-    progress = np.sort(np.asarray(output_tokens_so_far, dtype=np.float64))
-    starts = (np.arange(min(n, FINISH_PROGRESS_GROUPS)) * n) // min(n, FINISH_PROGRESS_GROUPS)
-    counts = np.diff(np.append(starts, n)).astype(np.float64)
-    ages = np.add.reduceat(progress, starts) / counts
-    alive = gammaincc(shape, ages / scale)
-    counts = np.where(alive > 0, counts, 0.0)  # beyond the law's reach: finishing now, counted below
-    alive = np.where(alive > 0, alive, 1.0)
-    target = finishes * n / (n + 0.5) - (n - counts.sum())
-
-    def short_of_target(steps: float) -> float:
-        return float(counts @ (1.0 - gammaincc(shape, (ages + steps) / scale) / alive)) - target
-
-    longest = _FINISH_MAX_MEANS * mean_tokens
+    shape = float(f"{min(max(1.0 / cv2, _GAMMA_SHAPE_RANGE[0]), _GAMMA_SHAPE_RANGE[1]):.3g}")
+    log_s = _log_survival(shape)
+    ages, counts = _progress_groups(output_tokens_so_far, mean_tokens)
+    log_alive = np.interp(ages, _SURVIVAL_X, log_s)
+    live = log_alive > _DEAD_LOG_SURVIVAL
+    ages, counts, log_alive = ages[live], counts[live], log_alive[live]
+    target = finishes * n / (n + 0.5) - (n - counts.sum())  # the dead have finished
     if target <= 0:
         return 0.0
-    if short_of_target(longest) < 0:
-        return longest
-    return float(brentq(short_of_target, 0.0, longest, xtol=1e-9 * mean_tokens, rtol=1e-12))
+
+    def expected(steps: float) -> float:  # expected finishes after ``steps`` mean output lengths
+        return float(counts @ -np.expm1(np.interp(ages + steps, _SURVIVAL_X, log_s) - log_alive))
+
+    start = max(math.log((n + 0.5) / max(n + 0.5 - target, 0.5)), _FINISH_MIN_MEANS)  # the exponential's
+    bracket = _bracket(expected, target, start)
+    if bracket is None:
+        return _FINISH_MAX_MEANS * mean_tokens
+    return _illinois(expected, target, *bracket) * mean_tokens
+
+
+def _bracket(f, target: float, start: float) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """``((x0, f(x0)), (x1, f(x1)))`` with ``f(x0) < target ≤ f(x1)`` for an increasing ``f`` with
+    ``f(0) = 0 < target``: doubling up from ``start`` (to :data:`_FINISH_MAX_MEANS`), or halving
+    down (to :data:`_FINISH_MIN_MEANS`, below which ``x0 = 0``); None when ``f`` stays under the
+    target up to the largest ``x``."""
+    x, fx = start, f(start)
+    lo = (0.0, 0.0)
+    while fx < target:
+        if x >= _FINISH_MAX_MEANS:
+            return None
+        lo = (x, fx)
+        x, fx = 2.0 * x, f(2.0 * x)
+    while lo == (0.0, 0.0) and x > _FINISH_MIN_MEANS:
+        below = f(x / 2.0)
+        if below < target:
+            return (x / 2.0, below), (x, fx)
+        x, fx = x / 2.0, below
+    return lo, (x, fx)
+
+
+def _progress_groups(output_tokens_so_far: Sequence[int], mean_tokens: float) -> tuple[np.ndarray, np.ndarray]:
+    """The decoders in at most :data:`FINISH_PROGRESS_GROUPS` equal-count groups by progress: each
+    group's mean progress in mean output lengths, and its size, float64 ``(g,)`` each."""
+    n = len(output_tokens_so_far)
+    progress = np.sort(np.fromiter(output_tokens_so_far, dtype=np.float64, count=n)) / mean_tokens
+    groups = min(n, FINISH_PROGRESS_GROUPS)
+    starts = (np.arange(groups) * n) // groups
+    counts = np.diff(np.append(starts, n)).astype(np.float64)
+    return np.add.reduceat(progress, starts) / counts, counts
+
+
+def _illinois(f, target: float, lo: tuple[float, float], hi: tuple[float, float], iterations: int = 12) -> float:
+    """The ``x`` in ``[lo[0], hi[0]]`` where the increasing ``f`` (a float function) reaches
+    ``target``, from ``lo = (x, f(x))`` below it and ``hi`` above it: the Illinois variant of
+    regula falsi (Dowell & Jarratt, BIT 11, 1971), superlinear on a smooth ``f``; it stops when
+    the bracket is under 10⁻⁹ of its end, ``f`` is within 10⁻⁹ of the target, or after
+    ``iterations`` steps."""
+    (x0, f0), (x1, f1) = lo, hi
+    f0, f1 = f0 - target, f1 - target
+    side = 0
+    for _ in range(iterations):
+        if f1 == f0 or x1 - x0 <= 1e-9 * x1:
+            break
+        x = x1 - f1 * (x1 - x0) / (f1 - f0)
+        fx = f(x) - target
+        if abs(fx) <= 1e-9:
+            return x
+        if fx > 0:
+            x1, f1 = x, fx
+            f0 = f0 / 2 if side == 1 else f0
+            side = 1
+        else:
+            x0, f0 = x, fx
+            f1 = f1 / 2 if side == -1 else f1
+            side = -1
+    return x1 - f1 * (x1 - x0) / (f1 - f0) if f1 != f0 else x1
 
 
 def _harmonic(m: int) -> float:

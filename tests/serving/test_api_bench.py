@@ -60,8 +60,24 @@ def _snapshot_fields(rng, worker_id):
     }
 
 
-@pytest.mark.parametrize("n_candidates", [N_CANDIDATES, 32])  # 32: issues 13 and 16 ask P99 < 1 ms there
-def test_bench_router_route_in_process(n_candidates):
+def _memory_bound(rng, worker_id: int, f: dict) -> WorkerSnapshot:
+    """A worker whose KV memory is full (99 % held by 64–400 decoders, 200 blocks of prompts waiting)
+    and whose decoders' progress is known: every candidate's KV-wait estimate runs
+    :func:`~kvcost.features.nominal.finish_steps`."""
+    running = int(rng.integers(64, 400))
+    progress = tuple(int(t) for t in rng.integers(1, 400, running))
+    waiting = tuple(map(tuple, f["waiting_prefill"]))
+    return WorkerSnapshot(
+        worker_id, f["gpu"], waiting, running, running * 3000, 0.99, 0, 0.03, 0.01, 880, 200,
+        running_output_tokens=progress,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("n_candidates", "memory_bound"),
+    [(N_CANDIDATES, False), (32, False), (32, True)],  # 32: issues 13 and 16 ask P99 < 1 ms there
+)
+def test_bench_router_route_in_process(n_candidates, memory_bound):
     rng = np.random.default_rng(0)
     ns = Namespace("llama-3-8b", block_size_tokens=BLOCK)
     directory = CacheDirectory()
@@ -76,7 +92,9 @@ def test_bench_router_route_in_process(n_candidates):
     for w in range(n_candidates):
         f = _snapshot_fields(rng, w)
         snapshots.append(
-            WorkerSnapshot(
+            _memory_bound(rng, w, f)
+            if memory_bound
+            else WorkerSnapshot(
                 w,
                 f["gpu"],
                 tuple(map(tuple, f["waiting_prefill"])),
@@ -95,7 +113,8 @@ def test_bench_router_route_in_process(n_candidates):
         t0 = time.perf_counter()
         router.route(request, snapshots, now_s=1.0)
         times[k] = time.perf_counter() - t0
-    print(f"\nbench: Router.route, {n_candidates} candidates, {INPUT_TOKENS}-token requests, 10,000 decisions: ")
+    bound = ", every candidate short of KV memory, decoders' progress known" if memory_bound else ""
+    print(f"\nbench: Router.route, {n_candidates} candidates{bound}, {INPUT_TOKENS}-token requests, 10,000 decisions: ")
     print(f"  {_percentiles_ms(times)}")
 
 
