@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy.special import gammaincc
 
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.links import CPU_TO_GPU, DISK_TO_CPU, NETWORK, LinkSpec
@@ -239,6 +238,8 @@ def _log_survival(shape: float) -> np.ndarray:
     """``ln S(x)`` of the gamma of shape ``shape`` and mean 1 at :data:`_SURVIVAL_X`, floored at
     :data:`_DEAD_LOG_SURVIVAL` (one table per shape; :func:`finish_steps` rounds the shape to 3
     significant digits, so a slowly moving estimate reuses it)."""
+    from scipy.special import gammaincc  # lazy: LMCache's environment imports this module without scipy
+
     with np.errstate(divide="ignore"):
         log_s = np.log(gammaincc(shape, _SURVIVAL_X * shape))
     return np.maximum(log_s, _DEAD_LOG_SURVIVAL)
