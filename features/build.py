@@ -16,7 +16,7 @@ import numpy as np
 
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import TIER_CODES, blocks_to_allocate
-from kvcost.features.nominal import NominalCosts, kv_wait_s, queue_and_prefill_s
+from kvcost.features.nominal import KvWaitInputs, NominalCosts, kv_wait_batch_s, queue_and_prefill_s
 from kvcost.features.spec import FEATURE_NAMES
 
 if TYPE_CHECKING:
@@ -166,35 +166,39 @@ def _recent_step_s(snapshots, models, measured_s: np.ndarray) -> np.ndarray:
 def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candidate) -> np.ndarray:
     """The profile-based times per candidate, float64 ``(5, n)``: queue, prefill, KV wait, lookup, transfer.
 
-    The nominal formulas (:mod:`kvcost.features.nominal`) take one candidate at a time; the
+    The nominal formulas (:mod:`kvcost.features.nominal`) take one candidate at a time, except the
+    KV wait, whose root finding runs for all candidates at once (:func:`kv_wait_batch_s`); the
     candidate arrays are read as Python numbers first (numpy scalars are slow in a loop).
     """
     blocks = len(request.block_hashes)
-    block_size = request.namespace.block_size_tokens
-    rows = []
+    rows, kv_workers = [], []
     for s, model, uncached, reuse, deficit, load, disk, fetched, conversion in zip(
         snapshots, models, *(column.tolist() for column in per_candidate), strict=True
     ):
         queue_s, prefill_s = queue_and_prefill_s(
             model, s.waiting_prefill, s.running_requests, s.decode_context_tokens, s.step_remaining_s, uncached, reuse
         )
-        kv_wait = kv_wait_s(
-            model,
-            deficit,
-            s.running_requests,
-            s.decode_context_tokens,
-            block_size,
-            costs.output_tokens_mean,
-            s.queued_prefill_tokens,
-            s.kv_usage * s.kv_capacity_blocks if s.kv_capacity_blocks > 0 else None,
-            s.running_output_tokens,
-            costs.output_tokens_cv2,
+        held_blocks = s.kv_usage * s.kv_capacity_blocks if s.kv_capacity_blocks > 0 else None
+        kv_workers.append(
+            KvWaitInputs(
+                model,
+                deficit,
+                s.running_requests,
+                s.decode_context_tokens,
+                s.queued_prefill_tokens,
+                held_blocks,
+                s.running_output_tokens,
+            )
         )
         lookup_s = costs.lookup_s(blocks) + costs.load_s(load, disk, s.load_backlog_s)
         transfer_s = costs.transfer_s(fetched, s.transfer_backlog_s)
         transfer_s += conversion * costs.network.duration_s(fetched)
-        rows.append((queue_s, prefill_s, kv_wait, lookup_s, transfer_s))
-    return np.array(rows, dtype=np.float64).reshape(len(rows), 5).T
+        rows.append((queue_s, prefill_s, 0.0, lookup_s, transfer_s))
+    columns = np.array(rows, dtype=np.float64).reshape(len(rows), 5).T
+    columns[2] = kv_wait_batch_s(
+        kv_workers, request.namespace.block_size_tokens, costs.output_tokens_mean, costs.output_tokens_cv2
+    )
+    return columns
 
 
 #: Snapshot attributes read as float64 columns (every count is exact in float64).

@@ -23,6 +23,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 
@@ -200,28 +202,85 @@ def kv_wait_s(
         output_cv2: squared coefficient of variation of the output lengths (> 0; 1 =
             exponential), for the law :func:`finish_steps` assumes.
     """
-    if deficit_blocks <= 0:
-        return 0.0
+    worker = KvWaitInputs(
+        step_model,
+        deficit_blocks,
+        running_requests,
+        decode_context_tokens,
+        queued_prefill_tokens,
+        held_blocks,
+        running_output_tokens,
+    )
+    return float(kv_wait_batch_s((worker,), block_size_tokens, mean_output_tokens, output_cv2)[0])
+
+
+class KvWaitInputs(NamedTuple):
+    """One worker's state for the KV-wait estimate (the per-worker arguments of :func:`kv_wait_s`,
+    which documents each)."""
+
+    step_model: StepTimeModel
+    deficit_blocks: float
+    running_requests: int
+    decode_context_tokens: int
+    queued_prefill_tokens: int
+    held_blocks: float | None = None
+    running_output_tokens: Sequence[int] = ()
+
+
+def kv_wait_batch_s(
+    workers: Sequence[KvWaitInputs], block_size_tokens: int, mean_output_tokens: float, output_cv2: float = 1.0
+) -> np.ndarray:
+    """:func:`kv_wait_s` of one request on each of several workers, float64 ``(len(workers),)``, seconds.
+
+    The same estimate, computed together: the workers whose decoders' progress is known have their
+    finishes found in one :func:`finish_steps_batch` call (a router prices every candidate of a
+    decision, and the root finding is what costs; ``make bench`` measures the route with every
+    candidate short of memory).
+
+    Args:
+        workers: each candidate's state (:class:`KvWaitInputs`).
+        block_size_tokens, mean_output_tokens, output_cv2: as in :func:`kv_wait_s`, shared by all.
+
+    Raises:
+        ValueError: ``output_cv2`` not > 0 where a worker's progress is used (:func:`finish_steps_batch`).
+    """
     mean_steps = float(mean_output_tokens)
-    n = running_requests
-    if n <= 0 or decode_context_tokens <= 0:
-        return mean_steps * step_model.step_s(1, 0.0, 0)
-    held = decode_context_tokens / block_size_tokens if held_blocks is None else float(held_blocks)
-    freed_per_finish = held / n - mean_steps / block_size_tokens
-    k = math.ceil(deficit_blocks / freed_per_finish) if freed_per_finish > 0 else n
-    if len(running_output_tokens) == n and mean_steps > 0:
-        steps = finish_steps(min(k, n), running_output_tokens, mean_steps, output_cv2)
-    else:
-        steps = mean_steps * (_harmonic(n) - _harmonic(max(0, n - k)))
-    queue_steps = math.ceil(queued_prefill_tokens / max(1, step_model.token_budget - n))
-    return max(0.0, steps - queue_steps) * step_model.step_s(n, 0.0, decode_context_tokens)
+    waits = np.zeros(len(workers), dtype=np.float64)
+    pending: list[tuple[int, int]] = []  # (index, finishes) of the workers whose progress is known
+    for i, w in enumerate(workers):
+        if w.deficit_blocks <= 0:
+            continue
+        n = w.running_requests
+        if n <= 0 or w.decode_context_tokens <= 0:
+            waits[i] = mean_steps * w.step_model.step_s(1, 0.0, 0)
+            continue
+        held = w.decode_context_tokens / block_size_tokens if w.held_blocks is None else float(w.held_blocks)
+        freed_per_finish = held / n - mean_steps / block_size_tokens
+        k = math.ceil(w.deficit_blocks / freed_per_finish) if freed_per_finish > 0 else n
+        if len(w.running_output_tokens) == n and mean_steps > 0:
+            pending.append((i, min(k, n)))
+        else:
+            waits[i] = _wait_beyond_queue_s(w, mean_steps * (_harmonic(n) - _harmonic(max(0, n - k))))
+    if pending:
+        progress = [workers[i].running_output_tokens for i, _ in pending]
+        steps = finish_steps_batch([k for _, k in pending], progress, mean_steps, output_cv2)
+        for (i, _), s in zip(pending, steps.tolist(), strict=True):
+            waits[i] = _wait_beyond_queue_s(workers[i], s)
+    return waits
 
 
-#: Equal-count groups of decoders (by progress) :func:`finish_steps` pools a batch into: each group
-#: counts at its mean progress (a batch of hundreds costs what 16 decoders do).
+def _wait_beyond_queue_s(worker: KvWaitInputs, steps: float) -> float:
+    """Seconds of the ``steps`` decode steps beyond the compute queue's own (:func:`kv_wait_s`)."""
+    n = worker.running_requests
+    queue_steps = math.ceil(worker.queued_prefill_tokens / max(1, worker.step_model.token_budget - n))
+    return max(0.0, steps - queue_steps) * worker.step_model.step_s(n, 0.0, worker.decode_context_tokens)
+
+
+#: Equal-count groups of decoders (by progress) :func:`finish_steps_batch` pools each batch into:
+#: each group counts at its mean progress (a batch of hundreds costs what 16 decoders do).
 FINISH_PROGRESS_GROUPS = 16
-#: The bracket of :func:`finish_steps`'s root, in mean output lengths: it starts at the exponential's
-#: answer and doubles or halves within these bounds.
+#: The bracket of the finish time, in mean output lengths: it starts at the exponential's answer and
+#: doubles or halves within these bounds.
 _FINISH_MIN_MEANS, _FINISH_MAX_MEANS = 1e-6, 1e3
 #: Where the gamma's log-survival is tabulated, in mean output lengths: 0, then 10⁻⁶ to 10⁴, 240 a
 #: decade (neighbours 1 % apart: linear interpolation of the smooth ``ln S`` is exact to ~10⁻⁵;
@@ -231,13 +290,19 @@ _SURVIVAL_X = np.concatenate(([0.0], np.logspace(-6.0, 4.0, 10 * 240 + 1)))
 _DEAD_LOG_SURVIVAL = -700.0
 #: Range of the gamma law's shape ``1 / cv²`` (a squared coefficient of variation from 0.0025 to 20).
 _GAMMA_SHAPE_RANGE = (0.05, 400.0)
+#: Bits of a decoder's token count in the sort key of :func:`_progress_groups` (the batch's index
+#: above them), and the largest count the key holds.
+_PROGRESS_BITS = 32
+_PROGRESS_MAX_TOKENS = (1 << _PROGRESS_BITS) - 1
+#: Regula falsi steps per finish time (:func:`finish_steps_batch`), at most.
+_ILLINOIS_ITERATIONS = 12
 
 
 @lru_cache(maxsize=32)
 def _log_survival(shape: float) -> np.ndarray:
     """``ln S(x)`` of the gamma of shape ``shape`` and mean 1 at :data:`_SURVIVAL_X`, floored at
-    :data:`_DEAD_LOG_SURVIVAL` (one table per shape; :func:`finish_steps` rounds the shape to 3
-    significant digits, so a slowly moving estimate reuses it)."""
+    :data:`_DEAD_LOG_SURVIVAL` (one table per shape; :func:`finish_steps_batch` rounds the shape to
+    3 significant digits, so a slowly moving estimate reuses it)."""
     from scipy.special import gammaincc  # lazy: LMCache's environment imports this module without scipy
 
     with np.errstate(divide="ignore"):
@@ -267,11 +332,7 @@ def finish_steps(finishes: int, output_tokens_so_far: Sequence[int], mean_tokens
     has the exponential as its special case, and its survival function is one special function
     (``scipy.special.gammaincc``); no shape is fitted to a trace.
 
-    Cost: it runs per candidate per decision wherever memory is short, so it reads ``ln S`` from a
-    table per shape (the shape rounded to 3 significant digits, a change of at most 0.5 %) and
-    pools the decoders into :data:`FINISH_PROGRESS_GROUPS` groups, and brackets the root from the
-    exponential's answer: a handful of interpolations of 16 values a call, whatever the batch
-    (the route with every candidate short of memory is measured in ``make bench``).
+    One batch of decoders; :func:`finish_steps_batch` (which this calls) takes several at once.
 
     Args:
         finishes: how many decoders must finish, 1 … ``len(output_tokens_so_far)``.
@@ -288,87 +349,166 @@ def finish_steps(finishes: int, output_tokens_so_far: Sequence[int], mean_tokens
     Raises:
         ValueError: ``finishes`` outside 1 … n, or ``mean_tokens`` or ``cv2`` not > 0.
     """
-    n = len(output_tokens_so_far)
-    if not 1 <= finishes <= n:
+    if not 1 <= finishes <= len(output_tokens_so_far):
+        n = len(output_tokens_so_far)
         raise ValueError(f"finishes = {finishes}, expected an integer in 1 … {n} (the running decoders)")
+    return float(finish_steps_batch((finishes,), (output_tokens_so_far,), mean_tokens, cv2)[0])
+
+
+def finish_steps_batch(
+    finishes: Sequence[int], output_tokens_so_far: Sequence[Sequence[int]], mean_tokens: float, cv2: float = 1.0
+) -> np.ndarray:
+    """:func:`finish_steps` of several batches of decoders (one per worker), float64 ``(b,)``, steps.
+
+    Cost: it runs for every candidate short of memory in every decision, so all candidates' roots
+    are found together, in numpy operations over a ``(b, 16)`` array:
+
+    * ``ln S`` is read from a table per shape (the shape rounded to 3 significant digits, a change
+      of at most 0.5 %);
+    * each batch is pooled into :data:`FINISH_PROGRESS_GROUPS` equal-count groups by progress;
+    * each root is bracketed from the exponential's answer (doubling or halving), then refined by
+      regula falsi, Illinois variant (Dowell & Jarratt, BIT 11, 1971: superlinear on a smooth
+      function), for at most 12 steps, stopping where the bracket is under 10⁻⁹ of its end or the
+      expected count within 10⁻⁹ of its target.
+
+    Args:
+        finishes: how many decoders must finish in each batch, ``finishes[i]`` in 1 … ``len(output_tokens_so_far[i])``.
+        output_tokens_so_far: per batch, the tokens each decoder has produced, each ≥ 0.
+        mean_tokens, cv2: the law of the output lengths, as in :func:`finish_steps`.
+
+    Returns:
+        Steps per batch, as :func:`finish_steps` returns them.
+
+    Raises:
+        ValueError: the two sequences' lengths differ, a ``finishes[i]`` is outside 1 … n (named by
+            index), or ``mean_tokens`` or ``cv2`` not > 0.
+    """
+    if len(finishes) != len(output_tokens_so_far):
+        raise ValueError(
+            f"finishes has {len(finishes)} entries and output_tokens_so_far {len(output_tokens_so_far)}: "
+            "expected one of each per batch"
+        )
+    sizes = np.fromiter(map(len, output_tokens_so_far), dtype=np.int64, count=len(output_tokens_so_far))
+    k = np.asarray(finishes, dtype=np.int64).reshape(-1)
+    for i in np.flatnonzero((k < 1) | (k > sizes))[:1].tolist():
+        raise ValueError(f"finishes[{i}] = {k[i]}, expected an integer in 1 … {sizes[i]} (the running decoders)")
     if not (mean_tokens > 0 and cv2 > 0):
         raise ValueError(f"mean_tokens = {mean_tokens}, cv2 = {cv2}: expected numbers > 0")
+    if len(k) == 0:
+        return np.zeros(0, dtype=np.float64)
     shape = float(f"{min(max(1.0 / cv2, _GAMMA_SHAPE_RANGE[0]), _GAMMA_SHAPE_RANGE[1]):.3g}")
-    log_s = _log_survival(shape)
-    ages, counts = _progress_groups(output_tokens_so_far, mean_tokens)
-    log_alive = np.interp(ages, _SURVIVAL_X, log_s)
-    live = log_alive > _DEAD_LOG_SURVIVAL
-    ages, counts, log_alive = ages[live], counts[live], log_alive[live]
-    target = finishes * n / (n + 0.5) - (n - counts.sum())  # the dead have finished
-    if target <= 0:
-        return 0.0
-
-    def expected(steps: float) -> float:  # expected finishes after ``steps`` mean output lengths
-        return float(counts @ -np.expm1(np.interp(ages + steps, _SURVIVAL_X, log_s) - log_alive))
-
-    start = max(math.log((n + 0.5) / max(n + 0.5 - target, 0.5)), _FINISH_MIN_MEANS)  # the exponential's
-    bracket = _bracket(expected, target, start)
-    if bracket is None:
-        return _FINISH_MAX_MEANS * mean_tokens
-    return _illinois(expected, target, *bracket) * mean_tokens
+    curve = _FinishCurve(_log_survival(shape), *_progress_groups(output_tokens_so_far, sizes, mean_tokens))
+    n = sizes.astype(np.float64)
+    target = k * n / (n + 0.5) - (n - curve.counts.sum(axis=1))  # the dead have finished
+    means = np.zeros(len(k), dtype=np.float64)
+    rows = np.flatnonzero(target > 0)
+    if len(rows):
+        start = np.log((n[rows] + 0.5) / np.maximum(n[rows] + 0.5 - target[rows], 0.5))  # the exponential's
+        means[rows] = curve.solve(rows, target[rows], np.maximum(start, _FINISH_MIN_MEANS))
+    return means * mean_tokens
 
 
-def _bracket(f, target: float, start: float) -> tuple[tuple[float, float], tuple[float, float]] | None:
-    """``((x0, f(x0)), (x1, f(x1)))`` with ``f(x0) < target ≤ f(x1)`` for an increasing ``f`` with
-    ``f(0) = 0 < target``: doubling up from ``start`` (to :data:`_FINISH_MAX_MEANS`), or halving
-    down (to :data:`_FINISH_MIN_MEANS`, below which ``x0 = 0``); None when ``f`` stays under the
-    target up to the largest ``x``."""
-    x, fx = start, f(start)
-    lo = (0.0, 0.0)
-    while fx < target:
-        if x >= _FINISH_MAX_MEANS:
-            return None
-        lo = (x, fx)
-        x, fx = 2.0 * x, f(2.0 * x)
-    while lo == (0.0, 0.0) and x > _FINISH_MIN_MEANS:
-        below = f(x / 2.0)
-        if below < target:
-            return (x / 2.0, below), (x, fx)
-        x, fx = x / 2.0, below
-    return lo, (x, fx)
+def _progress_groups(
+    output_tokens_so_far: Sequence[Sequence[int]], sizes: np.ndarray, mean_tokens: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each batch's decoders in :data:`FINISH_PROGRESS_GROUPS` equal-count groups by progress (a
+    batch of fewer decoders has one per group and empty groups): each group's mean progress in mean
+    output lengths (0 where empty) and its size, float64 ``(b, 16)`` each. Counts are read as
+    integers in 0 … 2³² − 1 (more tokens than any output length law the router estimates reaches:
+    such a decoder counts as finished either way)."""
+    tokens = np.fromiter(chain.from_iterable(output_tokens_so_far), dtype=np.int64, count=int(sizes.sum()))
+    owner = np.repeat(np.arange(len(sizes), dtype=np.int64) << _PROGRESS_BITS, sizes)
+    keys = np.sort(owner + np.clip(tokens, 0, _PROGRESS_MAX_TOKENS))  # one sort orders every batch
+    progress = (keys & _PROGRESS_MAX_TOKENS).astype(np.float64) / mean_tokens
+    cumulative = np.concatenate(([0.0], np.cumsum(progress)))
+    offsets = np.cumsum(sizes) - sizes
+    cuts = offsets[:, None] + (np.arange(FINISH_PROGRESS_GROUPS + 1) * sizes[:, None]) // FINISH_PROGRESS_GROUPS
+    counts = np.diff(cuts, axis=1).astype(np.float64)
+    sums = np.diff(cumulative[cuts], axis=1)
+    return np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0), counts
 
 
-def _progress_groups(output_tokens_so_far: Sequence[int], mean_tokens: float) -> tuple[np.ndarray, np.ndarray]:
-    """The decoders in at most :data:`FINISH_PROGRESS_GROUPS` equal-count groups by progress: each
-    group's mean progress in mean output lengths, and its size, float64 ``(g,)`` each."""
-    n = len(output_tokens_so_far)
-    progress = np.sort(np.fromiter(output_tokens_so_far, dtype=np.float64, count=n)) / mean_tokens
-    groups = min(n, FINISH_PROGRESS_GROUPS)
-    starts = (np.arange(groups) * n) // groups
-    counts = np.diff(np.append(starts, n)).astype(np.float64)
-    return np.add.reduceat(progress, starts) / counts, counts
+class _FinishCurve:
+    """The expected finishes of pooled batches of decoders as a function of time (in mean output
+    lengths), and its root finding (:func:`finish_steps_batch`). Groups whose decoders are past
+    the law's support count 0 here: they are finished."""
 
+    def __init__(self, log_s: np.ndarray, ages: np.ndarray, counts: np.ndarray) -> None:
+        self.log_s, self.ages = log_s, ages
+        self.log_alive = np.interp(ages, _SURVIVAL_X, log_s)
+        self.counts = np.where(self.log_alive > _DEAD_LOG_SURVIVAL, counts, 0.0)
 
-def _illinois(f, target: float, lo: tuple[float, float], hi: tuple[float, float], iterations: int = 12) -> float:
-    """The ``x`` in ``[lo[0], hi[0]]`` where the increasing ``f`` (a float function) reaches
-    ``target``, from ``lo = (x, f(x))`` below it and ``hi`` above it: the Illinois variant of
-    regula falsi (Dowell & Jarratt, BIT 11, 1971), superlinear on a smooth ``f``; it stops when
-    the bracket is under 10⁻⁹ of its end, ``f`` is within 10⁻⁹ of the target, or after
-    ``iterations`` steps."""
-    (x0, f0), (x1, f1) = lo, hi
-    f0, f1 = f0 - target, f1 - target
-    side = 0
-    for _ in range(iterations):
-        if f1 == f0 or x1 - x0 <= 1e-9 * x1:
-            break
-        x = x1 - f1 * (x1 - x0) / (f1 - f0)
-        fx = f(x) - target
-        if abs(fx) <= 1e-9:
-            return x
-        if fx > 0:
-            x1, f1 = x, fx
-            f0 = f0 / 2 if side == 1 else f0
-            side = 1
-        else:
-            x0, f0 = x, fx
-            f1 = f1 / 2 if side == -1 else f1
-            side = -1
-    return x1 - f1 * (x1 - x0) / (f1 - f0) if f1 != f0 else x1
+    def expected(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Expected finishes of batches ``rows`` after ``x`` mean output lengths, ``(len(rows),)``."""
+        log_later = np.interp(self.ages[rows] + x[:, None], _SURVIVAL_X, self.log_s)
+        return (self.counts[rows] * -np.expm1(log_later - self.log_alive[rows])).sum(axis=1)
+
+    def solve(self, rows: np.ndarray, target: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """Where each batch's expected finishes reach ``target`` (> 0), mean output lengths;
+        :data:`_FINISH_MAX_MEANS` where they stay under it."""
+        lo_x, lo_f, hi_x, hi_f, found = self._bracket(rows, target, start)
+        x = np.full(len(rows), _FINISH_MAX_MEANS)
+        x[found] = self._illinois(rows[found], target[found], lo_x[found], lo_f[found], hi_x[found], hi_f[found])
+        return x
+
+    def _bracket(self, rows, target, start):
+        """``(lo_x, lo_f, hi_x, hi_f, found)``: ``f(lo_x) = lo_f < target ≤ hi_f = f(hi_x)`` where
+        ``found``; doubling up from ``start`` (to :data:`_FINISH_MAX_MEANS`), or halving down (to
+        :data:`_FINISH_MIN_MEANS`, below which ``lo_x = 0``)."""
+        hi_x = start.copy()
+        hi_f = self.expected(rows, hi_x)
+        lo_x, lo_f = np.zeros_like(hi_x), np.zeros_like(hi_x)
+        found = np.ones(len(rows), dtype=bool)
+        up = np.flatnonzero(hi_f < target)
+        found[up[hi_x[up] >= _FINISH_MAX_MEANS]] = False
+        up = up[hi_x[up] < _FINISH_MAX_MEANS]
+        down = np.flatnonzero(hi_f >= target)
+        while len(up):
+            lo_x[up], lo_f[up] = hi_x[up], hi_f[up]
+            hi_x[up] *= 2.0
+            hi_f[up] = self.expected(rows[up], hi_x[up])
+            up = up[hi_f[up] < target[up]]
+            found[up[hi_x[up] >= _FINISH_MAX_MEANS]] = False
+            up = up[hi_x[up] < _FINISH_MAX_MEANS]
+        down = down[hi_x[down] > _FINISH_MIN_MEANS]
+        while len(down):
+            half_x = hi_x[down] / 2.0
+            half_f = self.expected(rows[down], half_x)
+            below = half_f < target[down]
+            lo_x[down[below]], lo_f[down[below]] = half_x[below], half_f[below]
+            down, half_x, half_f = down[~below], half_x[~below], half_f[~below]
+            hi_x[down], hi_f[down] = half_x, half_f
+            down = down[hi_x[down] > _FINISH_MIN_MEANS]
+        return lo_x, lo_f, hi_x, hi_f, found
+
+    def _illinois(self, rows, target, x0, f0, x1, f1):
+        """The root in each bracket ``[x0, x1]`` (regula falsi, Illinois variant; :func:`finish_steps_batch`)."""
+        f0, f1 = f0 - target, f1 - target
+        side = np.zeros(len(rows), dtype=np.int8)
+        root = np.full(len(rows), np.nan)
+        active = np.arange(len(rows))
+        for _ in range(_ILLINOIS_ITERATIONS):
+            active = active[(f1[active] != f0[active]) & (x1[active] - x0[active] > 1e-9 * x1[active])]
+            if not len(active):
+                break
+            a0, a1, g0, g1 = x0[active], x1[active], f0[active], f1[active]
+            x = a1 - g1 * (a1 - a0) / (g1 - g0)
+            fx = self.expected(rows[active], x) - target[active]
+            hit = np.abs(fx) <= 1e-9
+            root[active[hit]] = x[hit]
+            above, below = active[~hit & (fx > 0)], active[~hit & (fx <= 0)]
+            x1[above], f1[above] = x[~hit & (fx > 0)], fx[~hit & (fx > 0)]
+            f0[above] = np.where(side[above] == 1, f0[above] / 2, f0[above])
+            side[above] = 1
+            x0[below], f0[below] = x[~hit & (fx <= 0)], fx[~hit & (fx <= 0)]
+            f1[below] = np.where(side[below] == -1, f1[below] / 2, f1[below])
+            side[below] = -1
+            active = active[~hit]
+        rest = np.isnan(root)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            falsi = x1 - f1 * (x1 - x0) / (f1 - f0)
+        root[rest] = np.where(f1 != f0, falsi, x1)[rest]
+        return root
 
 
 def _harmonic(m: int) -> float:

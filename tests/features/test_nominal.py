@@ -8,7 +8,15 @@ import math
 
 import pytest
 
-from kvcost.features.nominal import NominalCosts, finish_steps, kv_wait_s, queue_and_prefill_s
+from kvcost.features.nominal import (
+    KvWaitInputs,
+    NominalCosts,
+    finish_steps,
+    finish_steps_batch,
+    kv_wait_batch_s,
+    kv_wait_s,
+    queue_and_prefill_s,
+)
 
 
 def nominal(model, uncached, reusable=0, waiting=(), running=0, decode_ctx=0, remaining_s=0.0):
@@ -194,6 +202,57 @@ def test_kv_wait_uses_the_progress_only_with_one_count_per_decoder(linear_step_m
     assert known == pytest.approx(-16 * math.log(0.6) * DECODE_STEP_S, rel=1e-9)
     partial = kv_wait_s(linear_step_model, 7, 2, 256, 16, 16, 0, None, (4,), 1.0)
     assert partial == pytest.approx(16 / 2 * DECODE_STEP_S, abs=1e-12)
+
+
+BATCHES = [  # (finishes, tokens produced so far): fewer decoders than groups, more, one far beyond the law
+    (1, [3]),
+    (2, [0, 500]),
+    (5, [7, 0, 30, 12, 250, 90, 4]),
+    (20, list(range(0, 400, 11))),
+    (1, [10**7, 0]),
+    (36, list(range(0, 400, 11))),
+]
+
+
+@pytest.mark.parametrize("cv2", [0.01, 0.25, 1.0, 4.6])
+def test_finish_steps_batch_is_each_batch_alone(cv2):
+    # the roots are found together; each is the one its batch gets alone (to rounding: numpy sums
+    # a (6, 16) array's rows in another order than a (1, 16) one's)
+    together = finish_steps_batch([k for k, _ in BATCHES], [p for _, p in BATCHES], 100, cv2)
+    assert together.tolist() == pytest.approx([finish_steps(k, p, 100, cv2) for k, p in BATCHES], rel=1e-12)
+
+
+def test_finish_steps_batch_of_exponential_lengths_by_hand():
+    # exponential: mean × ln((n + ½) ÷ (n − k + ½)); 2 of 2 decoders: 100 ln 5; 1 of 1: 100 ln 3
+    got = finish_steps_batch([2, 1], [[3, 9], [40]], 100, 1.0)
+    assert got == pytest.approx([100 * math.log(5), 100 * math.log(3)], rel=1e-9)
+    assert finish_steps_batch([], [], 100, 1.0).shape == (0,)
+
+
+@pytest.mark.parametrize(
+    ("finishes", "produced", "message"),
+    [
+        ([1, 3], [[1], [1, 2]], r"finishes\[1\] = 3, expected an integer in 1 … 2"),
+        ([1], [[1], [1, 2]], "finishes has 1 entries and output_tokens_so_far 2"),
+    ],
+)
+def test_finish_steps_batch_refuses_bad_input_by_name(finishes, produced, message):
+    with pytest.raises(ValueError, match=message):
+        finish_steps_batch(finishes, produced, 100, 1.0)
+
+
+def test_kv_wait_batch_is_each_worker_alone(linear_step_model):
+    # no deficit; nothing decoding; progress unknown; progress known (twice, found together)
+    workers = [
+        KvWaitInputs(linear_step_model, 0, 2, 256, 0),
+        KvWaitInputs(linear_step_model, 3, 0, 0, 0),
+        KvWaitInputs(linear_step_model, 7, 2, 256, 0),
+        KvWaitInputs(linear_step_model, 7, 2, 256, 0, None, (4, 9)),
+        KvWaitInputs(linear_step_model, 8, 2, 256, 8190 * 3, None, (4, 9)),
+    ]
+    got = kv_wait_batch_s(workers, 16, 16, 0.25)
+    assert got.tolist() == pytest.approx([kv_wait_s(*w[:4], 16, 16, *w[4:], 0.25) for w in workers], rel=1e-12)
+    assert got[:3].tolist() == [0.0, pytest.approx(16 * 0.001001), pytest.approx(16 / 2 * DECODE_STEP_S)]
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
