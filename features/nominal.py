@@ -404,7 +404,7 @@ def finish_steps_batch(
     rows = np.flatnonzero(target > 0)
     if len(rows):
         start = np.log((n[rows] + 0.5) / np.maximum(n[rows] + 0.5 - target[rows], 0.5))  # the exponential's
-        means[rows] = curve.solve(rows, target[rows], np.maximum(start, _FINISH_MIN_MEANS))
+        means[rows] = curve.subset(rows).solve(target[rows], np.maximum(start, _FINISH_MIN_MEANS))
     return means * mean_tokens
 
 
@@ -431,84 +431,84 @@ def _progress_groups(
 class _FinishCurve:
     """The expected finishes of pooled batches of decoders as a function of time (in mean output
     lengths), and its root finding (:func:`finish_steps_batch`). Groups whose decoders are past
-    the law's support count 0 here: they are finished."""
+    the law's support count 0 here: they are finished. Every step works on all batches at once,
+    masks choosing which move (fewer numpy calls than gathering the batches still moving)."""
 
     def __init__(self, log_s: np.ndarray, ages: np.ndarray, counts: np.ndarray) -> None:
         self.log_s, self.ages = log_s, ages
         self.log_alive = np.interp(ages, _SURVIVAL_X, log_s)
         self.counts = np.where(self.log_alive > _DEAD_LOG_SURVIVAL, counts, 0.0)
 
-    def expected(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Expected finishes of batches ``rows`` after ``x`` mean output lengths, ``(len(rows),)``."""
-        log_later = np.interp(self.ages[rows] + x[:, None], _SURVIVAL_X, self.log_s)
-        return (self.counts[rows] * -np.expm1(log_later - self.log_alive[rows])).sum(axis=1)
+    def subset(self, rows: np.ndarray) -> _FinishCurve:
+        """The curve of batches ``rows`` only."""
+        curve = object.__new__(_FinishCurve)
+        curve.log_s, curve.ages = self.log_s, self.ages[rows]
+        curve.log_alive, curve.counts = self.log_alive[rows], self.counts[rows]
+        return curve
 
-    def solve(self, rows: np.ndarray, target: np.ndarray, start: np.ndarray) -> np.ndarray:
+    def expected(self, x: np.ndarray) -> np.ndarray:
+        """Expected finishes of each batch after ``x`` (one per batch) mean output lengths."""
+        log_later = np.interp(self.ages + x[:, None], _SURVIVAL_X, self.log_s)
+        return (self.counts * -np.expm1(log_later - self.log_alive)).sum(axis=1)
+
+    def solve(self, target: np.ndarray, start: np.ndarray) -> np.ndarray:
         """Where each batch's expected finishes reach ``target`` (> 0), mean output lengths;
         :data:`_FINISH_MAX_MEANS` where they stay under it."""
-        lo_x, lo_f, hi_x, hi_f, found = self._bracket(rows, target, start)
-        x = np.full(len(rows), _FINISH_MAX_MEANS)
-        x[found] = self._illinois(rows[found], target[found], lo_x[found], lo_f[found], hi_x[found], hi_f[found])
-        return x
+        lo_x, lo_f, hi_x, hi_f, found = self._bracket(target, start)
+        root = self._illinois(target, lo_x, lo_f, hi_x, hi_f)
+        return np.where(found, root, _FINISH_MAX_MEANS)
 
-    def _bracket(self, rows, target, start):
+    def _bracket(self, target, start):
         """``(lo_x, lo_f, hi_x, hi_f, found)``: ``f(lo_x) = lo_f < target ≤ hi_f = f(hi_x)`` where
         ``found``; doubling up from ``start`` (to :data:`_FINISH_MAX_MEANS`), or halving down (to
         :data:`_FINISH_MIN_MEANS`, below which ``lo_x = 0``)."""
-        hi_x = start.copy()
-        hi_f = self.expected(rows, hi_x)
+        hi_x = start
+        hi_f = self.expected(hi_x)
         lo_x, lo_f = np.zeros_like(hi_x), np.zeros_like(hi_x)
-        found = np.ones(len(rows), dtype=bool)
-        up = np.flatnonzero(hi_f < target)
-        found[up[hi_x[up] >= _FINISH_MAX_MEANS]] = False
-        up = up[hi_x[up] < _FINISH_MAX_MEANS]
-        down = np.flatnonzero(hi_f >= target)
-        while len(up):
-            lo_x[up], lo_f[up] = hi_x[up], hi_f[up]
-            hi_x[up] *= 2.0
-            hi_f[up] = self.expected(rows[up], hi_x[up])
-            up = up[hi_f[up] < target[up]]
-            found[up[hi_x[up] >= _FINISH_MAX_MEANS]] = False
-            up = up[hi_x[up] < _FINISH_MAX_MEANS]
-        down = down[hi_x[down] > _FINISH_MIN_MEANS]
-        while len(down):
-            half_x = hi_x[down] / 2.0
-            half_f = self.expected(rows[down], half_x)
-            below = half_f < target[down]
-            lo_x[down[below]], lo_f[down[below]] = half_x[below], half_f[below]
-            down, half_x, half_f = down[~below], half_x[~below], half_f[~below]
-            hi_x[down], hi_f[down] = half_x, half_f
-            down = down[hi_x[down] > _FINISH_MIN_MEANS]
+        found = np.ones(len(hi_x), dtype=bool)
+        down = (hi_f >= target) & (hi_x > _FINISH_MIN_MEANS)
+        up = hi_f < target
+        while up.any():
+            found &= ~(up & (hi_x >= _FINISH_MAX_MEANS))
+            up &= hi_x < _FINISH_MAX_MEANS
+            lo_x, lo_f = np.where(up, hi_x, lo_x), np.where(up, hi_f, lo_f)
+            hi_x = np.where(up, 2.0 * hi_x, hi_x)
+            hi_f = np.where(up, self.expected(hi_x), hi_f)
+            up &= hi_f < target
+        while down.any():
+            half_x = np.where(down, hi_x / 2.0, hi_x)
+            half_f = self.expected(half_x)
+            below = down & (half_f < target)
+            lo_x, lo_f = np.where(below, half_x, lo_x), np.where(below, half_f, lo_f)
+            down &= ~below
+            hi_x, hi_f = np.where(down, half_x, hi_x), np.where(down, half_f, hi_f)
+            down &= hi_x > _FINISH_MIN_MEANS
         return lo_x, lo_f, hi_x, hi_f, found
 
-    def _illinois(self, rows, target, x0, f0, x1, f1):
+    def _illinois(self, target, x0, f0, x1, f1):
         """The root in each bracket ``[x0, x1]`` (regula falsi, Illinois variant; :func:`finish_steps_batch`)."""
         f0, f1 = f0 - target, f1 - target
-        side = np.zeros(len(rows), dtype=np.int8)
-        root = np.full(len(rows), np.nan)
-        active = np.arange(len(rows))
-        for _ in range(_ILLINOIS_ITERATIONS):
-            active = active[(f1[active] != f0[active]) & (x1[active] - x0[active] > 1e-9 * x1[active])]
-            if not len(active):
-                break
-            a0, a1, g0, g1 = x0[active], x1[active], f0[active], f1[active]
-            x = a1 - g1 * (a1 - a0) / (g1 - g0)
-            fx = self.expected(rows[active], x) - target[active]
-            hit = np.abs(fx) <= 1e-9
-            root[active[hit]] = x[hit]
-            above, below = active[~hit & (fx > 0)], active[~hit & (fx <= 0)]
-            x1[above], f1[above] = x[~hit & (fx > 0)], fx[~hit & (fx > 0)]
-            f0[above] = np.where(side[above] == 1, f0[above] / 2, f0[above])
-            side[above] = 1
-            x0[below], f0[below] = x[~hit & (fx <= 0)], fx[~hit & (fx <= 0)]
-            f1[below] = np.where(side[below] == -1, f1[below] / 2, f1[below])
-            side[below] = -1
-            active = active[~hit]
-        rest = np.isnan(root)
+        side = np.zeros(len(x0), dtype=np.int8)
+        root = np.full(len(x0), np.nan)
+        live = np.ones(len(x0), dtype=bool)
         with np.errstate(divide="ignore", invalid="ignore"):
-            falsi = x1 - f1 * (x1 - x0) / (f1 - f0)
-        root[rest] = np.where(f1 != f0, falsi, x1)[rest]
-        return root
+            for _ in range(_ILLINOIS_ITERATIONS):
+                live &= (f1 != f0) & (x1 - x0 > 1e-9 * x1)
+                if not live.any():
+                    break
+                x = np.where(live, x1 - f1 * (x1 - x0) / (f1 - f0), x1)
+                fx = self.expected(x) - target
+                hit = live & (np.abs(fx) <= 1e-9)
+                root = np.where(hit, x, root)
+                live &= ~hit
+                above, below = live & (fx > 0), live & (fx <= 0)
+                f0 = np.where(above & (side == 1), f0 / 2, f0)
+                f1 = np.where(below & (side == -1), f1 / 2, f1)
+                x1, f1 = np.where(above, x, x1), np.where(above, fx, f1)
+                x0, f0 = np.where(below, x, x0), np.where(below, fx, f0)
+                side = np.where(above, 1, np.where(below, -1, side)).astype(np.int8)
+            falsi = np.where(f1 != f0, x1 - f1 * (x1 - x0) / (f1 - f0), x1)
+        return np.where(np.isnan(root), falsi, root)
 
 
 def _harmonic(m: int) -> float:
