@@ -7,7 +7,13 @@ import pytest
 from kvcost.data.log_rows import RequestRow
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 from kvcost.replay.config import ClusterConfig
-from kvcost.replay.online import CompletedRequest, OnlineLearner, OnlineSettings, observations_frame
+from kvcost.replay.online import (
+    CompletedRequest,
+    OnlineLearner,
+    OnlineSettings,
+    mae_lower_beyond_noise,
+    observations_frame,
+)
 from kvcost.replay.simulator import ClusterSimulator
 from kvcost.routing.policies.llmd_latency import LlmdPredictedLatencyPolicy
 from kvcost.routing.router import RouterSettings
@@ -148,6 +154,26 @@ def test_the_gate_promotes_a_challenger_that_predicts_better_and_keeps_a_better_
     record = learner.retrains[-1]
     assert record["promoted"] == "current" and sorted(record["mae_s"]) == ["analytic", "challenger", "current"]
     assert record["mae_s"]["current"] < record["mae_s"]["challenger"] and learner.routing_model is model_set
+
+
+@pytest.mark.parametrize(
+    ("errors_s", "incumbent_errors_s", "z", "lower"),
+    [
+        ([0.1, 0.2, 0.3, 0.4], [1.1, 1.2, 1.3, 1.4], 1.645, True),  # 1 s lower on every row: no spread
+        ([0.1, 0.3], [0.2, 0.2], 1.645, False),  # the same MAE
+        # d = (−0.2, 0, −0.1, −0.1): mean −0.1, sd √(0.02 / 3) = 0.0816, upper bound −0.1 + z × 0.0408
+        ([0.0, 0.2, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2], 1.645, True),  # −0.033 < 0
+        ([0.0, 0.2, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2], 3.0, False),  # +0.022
+        ([0.0], [5.0], 1.645, False),  # one row says nothing of the noise
+    ],
+)
+def test_mae_lower_beyond_noise_by_hand(errors_s, incumbent_errors_s, z, lower):
+    assert mae_lower_beyond_noise(np.array(errors_s), np.array(incumbent_errors_s), z) is lower
+
+
+def test_mae_lower_beyond_noise_refuses_rows_that_do_not_pair():
+    with pytest.raises(ValueError, match=r"errors_s has shape \(2,\), incumbent_errors_s \(3,\)"):
+        mae_lower_beyond_noise(np.zeros(2), np.zeros(3))
 
 
 def test_without_the_gate_every_challenger_routes():
