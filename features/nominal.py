@@ -397,7 +397,7 @@ def finish_steps_batch(
     if len(k) == 0:
         return np.zeros(0, dtype=np.float64)
     shape = float(f"{min(max(1.0 / cv2, _GAMMA_SHAPE_RANGE[0]), _GAMMA_SHAPE_RANGE[1]):.3g}")
-    curve = _FinishCurve(_log_survival(shape), *_progress_groups(output_tokens_so_far, sizes, mean_tokens))
+    curve = _FinishCurve.of_groups(_log_survival(shape), *_progress_groups(output_tokens_so_far, sizes, mean_tokens))
     n = sizes.astype(np.float64)
     target = k * n / (n + 0.5) - (n - curve.counts.sum(axis=1))  # the dead have finished
     means = np.zeros(len(k), dtype=np.float64)
@@ -428,23 +428,28 @@ def _progress_groups(
     return np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0), counts
 
 
+@dataclass(frozen=True, slots=True)
 class _FinishCurve:
     """The expected finishes of pooled batches of decoders as a function of time (in mean output
     lengths), and its root finding (:func:`finish_steps_batch`). Groups whose decoders are past
     the law's support count 0 here: they are finished. Every step works on all batches at once,
-    masks choosing which move (fewer numpy calls than gathering the batches still moving)."""
+    masks choosing which move (fewer numpy calls than gathering the batches still moving).
+    ``ages``, ``log_alive`` and ``counts`` are ``(b, 16)``; ``log_s`` is the shape's table."""
 
-    def __init__(self, log_s: np.ndarray, ages: np.ndarray, counts: np.ndarray) -> None:
-        self.log_s, self.ages = log_s, ages
-        self.log_alive = np.interp(ages, _SURVIVAL_X, log_s)
-        self.counts = np.where(self.log_alive > _DEAD_LOG_SURVIVAL, counts, 0.0)
+    log_s: np.ndarray
+    ages: np.ndarray
+    log_alive: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of_groups(cls, log_s: np.ndarray, ages: np.ndarray, counts: np.ndarray) -> _FinishCurve:
+        """The curve of the groups of :func:`_progress_groups` under the survival table ``log_s``."""
+        log_alive = np.interp(ages, _SURVIVAL_X, log_s)
+        return cls(log_s, ages, log_alive, np.where(log_alive > _DEAD_LOG_SURVIVAL, counts, 0.0))
 
     def subset(self, rows: np.ndarray) -> _FinishCurve:
         """The curve of batches ``rows`` only."""
-        curve = object.__new__(_FinishCurve)
-        curve.log_s, curve.ages = self.log_s, self.ages[rows]
-        curve.log_alive, curve.counts = self.log_alive[rows], self.counts[rows]
-        return curve
+        return _FinishCurve(self.log_s, self.ages[rows], self.log_alive[rows], self.counts[rows])
 
     def expected(self, x: np.ndarray) -> np.ndarray:
         """Expected finishes of each batch after ``x`` (one per batch) mean output lengths."""
