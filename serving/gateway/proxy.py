@@ -28,7 +28,8 @@ the client has received nothing yet, because the response starts only with the
 first chunk. An engine that fails after the first chunk ends the client's stream
 with an error event naming it (tokens were sent; it cannot be retried). A client
 that disconnects cancels the engine's request (the connection to it is closed,
-which vLLM takes as an abort); what was measured is logged. Every request ends
+which vLLM takes as an abort); what was measured is logged. One that disconnects before its
+body has arrived is answered 499 (nothing was routed or logged). Every request ends
 as a response or an error naming the engine, and is logged with its outcome.
 
 Thread safety: the event loop only (the service's lock guards the directory).
@@ -49,6 +50,7 @@ from typing import Any
 import aiohttp
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from kvcost.core.types import RouteDecision, WorkerSnapshot
 from kvcost.serving.engines.liveness import EngineLiveness
@@ -415,8 +417,22 @@ class Gateway:
             logger.exception("request %s (decision %d) not logged", attempt.client_id, attempt.decision_id)
 
 
+#: The status answered to a client that left before its request body arrived (nginx's "client closed
+#: request"; no one reads it, but the access log and the ASGI server see a handled request, not a crash).
+CLIENT_CLOSED_REQUEST = 499
+
+
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    """The request's JSON object.
+
+    Raises:
+        OpenAIError: 400 when the body is not a JSON object or ``stream`` is not a boolean; 499 when the
+            client disconnected before the whole body arrived (nothing was routed, nothing is logged).
+    """
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        raise OpenAIError(CLIENT_CLOSED_REQUEST, "the client disconnected before its request body arrived") from None
     try:
         body = json.loads(raw)
     except ValueError as exc:

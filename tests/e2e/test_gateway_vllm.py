@@ -520,7 +520,8 @@ def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_bac
     print(f"[e2e] worker 0 held {held[1]['reusable_tokens']} tokens of the probe before the kill; while down: "
           f"{down['reusable_tokens']} (stale {down['directory_stale']}); back: {back['reusable_tokens']} "
           f"(stale {back['directory_stale']})")  # fmt: skip
-    assert other == [] and len(cut) >= 1 and len(rows) >= 1
+    assert other == [], [(r.spec.index, r.status, r.worker, r.done, r.error) for r in other]
+    assert len(cut) >= 1 and len(rows) >= 1
     assert (down["reusable_tokens"], down["directory_stale"]) == (0, True)
     assert (back["reusable_tokens"], back["directory_stale"]) == (0, False)
     # the prompts sent before the kill (a false hit on worker 0 would draw them there), interleaved with as many
