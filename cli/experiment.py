@@ -25,12 +25,20 @@ def experiment(
     retrain_every_s: Annotated[float, typer.Option(help="Online retraining period, replay seconds.")] = (
         OnlineSettings().retrain_every_s
     ),
+    replay_gate: Annotated[
+        bool,
+        typer.Option(help="Online: a new set routes only if a replay of the latest window with it routes no worse."),
+    ] = OnlineSettings().gate_on_replay,
     mlflow_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI of the champion.")] = None,
 ) -> None:
     """Replay one trace under balanced_nocache, balanced_cache, cost_aware, cost_aware_tiered; attribute the gains."""
     spec = prepare_spec(settings)
     setup = None
     if learned or online:
-        online_settings = guard(lambda: OnlineSettings(retrain_every_s=retrain_every_s)) if online else None
+        online_settings = (
+            guard(lambda: OnlineSettings(retrain_every_s=retrain_every_s, gate_on_replay=replay_gate))
+            if online
+            else None
+        )
         setup = LearnedSetup(online=online_settings, mlflow_uri=mlflow_uri)
     run_arms(spec, experiment_arms(learned=setup is not None), setup)

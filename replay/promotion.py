@@ -23,13 +23,11 @@ from kvcost.models.mlflow_store import RoutingGate, RoutingVerdict
 from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.experiment import replay
-from kvcost.replay.metrics import summarise
+from kvcost.replay.online import DEFAULT_WINDOW_S, route_figures, routes_no_worse
 from kvcost.routing.router import RouterSettings
 
 #: The policy both models route with in the gate's replays.
 GATE_POLICY = "learned_cost_aware"
-#: Default length of the latest window, seconds of trace time (half an hour of traffic).
-DEFAULT_WINDOW_S = 1800.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +68,9 @@ class ReplayWindow:
         return window, start_s
 
 
-def route_figures(trace: Trace, config: ClusterConfig, model: TermModelSet | None) -> dict[str, float]:
+def replay_figures(trace: Trace, config: ClusterConfig, model: TermModelSet | None) -> dict[str, float]:
     """TTFT P50 and P99 (seconds) of ``trace`` routed by :data:`GATE_POLICY` with ``model`` (None = analytic)."""
-    result = replay(trace, config, cost_model=model)
-    summary = summarise(result, len(config.fleet))
-    return {"ttft_p50_s": summary["ttft_p50_s"], "ttft_p99_s": summary["ttft_p99_s"]}
+    return route_figures(replay(trace, config, cost_model=model).requests["actual_ttft_s"].to_numpy())
 
 
 def replay_gate(window: ReplayWindow) -> RoutingGate:
@@ -88,10 +84,10 @@ def replay_gate(window: ReplayWindow) -> RoutingGate:
         trace, start_s = window.load()
         router = RouterSettings(policy=GATE_POLICY)
         config = ClusterConfig(fleet=("a100",) * window.workers, seed=window.seed, router=router)
-        figures = {"challenger": route_figures(trace, config, challenger)}
-        figures["champion"] = route_figures(trace, config, champion)
+        figures = {"challenger": replay_figures(trace, config, challenger)}
+        figures["champion"] = replay_figures(trace, config, champion)
         new, old = figures["challenger"], figures["champion"]
-        passed = new["ttft_p99_s"] <= old["ttft_p99_s"] and new["ttft_p50_s"] <= old["ttft_p50_s"]
+        passed = routes_no_worse(new, old)
         against = "the champion" if champion is not None else "the analytic model (no loadable champion)"
         note = (
             f"replay of {window.trace} from {start_s:g} s ({len(trace)} requests, {window.workers} workers, "

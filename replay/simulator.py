@@ -30,7 +30,7 @@ from kvcost.eviction.index import make_eviction_index, needs_index
 from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.kv_cache import BLOCK_EVENT_COLUMNS, BlockPool
-from kvcost.replay.online import NO_UNCHOSEN, CompletedRequest, OnlineLearner, OnlineSettings
+from kvcost.replay.online import NO_UNCHOSEN, CompletedRequest, OnlineLearner, OnlineSettings, route_figures
 from kvcost.replay.reuse_refit import ReuseRefit
 from kvcost.replay.sim_request import SimRequest
 from kvcost.replay.tiers import TierCache, WorkerTiers
@@ -124,7 +124,9 @@ class ClusterSimulator:
         self.router = Router(self.directory, self.step_models, router_settings, cost_model)
         self._arriving: tuple = ()  # (trace request, its full block hashes) while it is being routed
         self.router.policy.attach_truth(self._true_ttfts_s)
-        self.online = OnlineLearner(online) if online is not None else None
+        self.online = OnlineLearner(online, window_replay=self.replay_window) if online is not None else None
+        self._trace: Trace | None = None  # the trace being replayed (the replay gate's windows come from it)
+        self._completed_ids: set[int] = set()  # requests completed so far, warm-up included
         self.workers = [self._make_worker(i, gpu) for i, gpu in enumerate(config.fleet)]
         self.remote: TierCache | None = None
         if config.tiers is not None and config.cache_enabled and config.tiers.remote_bytes:
@@ -160,6 +162,7 @@ class ClusterSimulator:
         if trace.block_size_tokens != self.block_size_tokens:
             raise ValueError(f"trace block_size_tokens = {trace.block_size_tokens}, expected {self.block_size_tokens}")
         log = _Log(self.config, len(self.workers), keep_unchosen=self.online is not None)
+        self._trace = trace
         measured = [r.arrival_s for r in trace.requests if r.arrival_s >= self.config.warmup_s]
         for worker in self.workers:
             worker.measure_from_s = measured[0] if measured else math.inf
@@ -185,6 +188,7 @@ class ClusterSimulator:
                     self.router.on_outcome(r.request_id, r.first_token_s - r.arrival_s, now)
                 worker.first_tokens.clear()
                 if self.online is not None and done:
+                    self._completed_ids.update(r.request_id for r in done)
                     self.online.observe(log.observed, now)
                 if progress is not None and done:
                     progress(len(done))
@@ -207,6 +211,29 @@ class ClusterSimulator:
         if self.online is not None:
             result = replace(result, retrains=tuple(self.online.retrains), drift_alerts=tuple(self.online.alerts))
         return result
+
+    def replay_window(self, model_set: TermModelSet, now_s: float) -> dict[str, float]:
+        """The online learner's replay gate: the latest window routed by ``model_set``, from an empty cluster.
+
+        The window is the requests of the trace being replayed that arrived in the latest
+        ``online.replay_window_s`` before ``now_s`` (replay seconds) and have completed by then,
+        what a live fleet's log holds at that moment: no arrival after ``now_s`` and no output
+        length not yet known is used. They are replayed at their own arrival times on a fresh
+        cluster of this configuration (same fleet, slowdowns, seed; no warm-up, no online
+        learning), with this replay's router policy ranking by ``model_set``.
+
+        Returns:
+            :func:`~kvcost.replay.online.route_figures` of the window's TTFTs (NaN when it is empty).
+
+        Raises:
+            RuntimeError: called outside :meth:`run` of an online replay.
+        """
+        if self._trace is None or self.online is None:
+            raise RuntimeError("replay_window needs an online replay in progress (ClusterSimulator.run with online)")
+        window = latest_window(self._trace, now_s, self.online.settings.replay_window_s, self._completed_ids)
+        config = replace(self.config, warmup_s=0.0)
+        result = ClusterSimulator(config, self.block_size_tokens, model_set, eviction=self.eviction).run(window)
+        return route_figures(result.requests["actual_ttft_s"].to_numpy())
 
     def _arrive(self, trace_request, now: float, steps: list, log: _Log) -> bool:
         """Route and enqueue one arrival; False if it is rejected as larger than the worker's KV."""
@@ -331,6 +358,17 @@ def _promise_tokens(decision: RouteDecision, input_tokens: int, block_size_token
         return promised, promised
     stored = reusable_tokens_for(decision.directory_blocks[index], block_size_tokens, input_tokens)
     return promised, min(promised, stored)
+
+
+def latest_window(trace: Trace, now_s: float, window_s: float, completed_ids: set[int]) -> Trace:
+    """``trace`` cut to the requests that arrived in ``[now_s − window_s, now_s)`` and are in ``completed_ids``.
+
+    Arrival times stay as they are (seconds of replay time). Used by
+    :meth:`ClusterSimulator.replay_window`.
+    """
+    start_s = now_s - window_s
+    kept = tuple(r for r in trace.requests if start_s <= r.arrival_s < now_s and r.request_id in completed_ids)
+    return replace(trace, requests=kept)
 
 
 def _block_events(workers: list[SimWorker]) -> pd.DataFrame:

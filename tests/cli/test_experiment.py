@@ -1,6 +1,7 @@
 """``kvcost experiment``: outputs, determinism, and bad input exiting 2 with one line."""
 
 import json
+import sys
 
 import duckdb
 import pytest
@@ -62,3 +63,14 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
     assert message in result.output
     assert result.output.strip().startswith("error:")
     assert not (tmp_path / "d.duckdb").exists()
+
+
+@pytest.mark.parametrize(("flag", "gated"), [([], False), (["--replay-gate"], True)])
+def test_the_replay_gate_flag_reaches_the_online_learner(tmp_path, monkeypatch, flag, gated):
+    seen = []
+    module = sys.modules["kvcost.cli.experiment"]  # the package's ``experiment`` attribute is the command
+    monkeypatch.setattr(module, "run_arms", lambda spec, arms, setup: seen.append(setup))
+    args = ["experiment", "--online", "--retrain-every-s", "60", *flag, "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen[0].online.gate_on_replay is gated and seen[0].online.retrain_every_s == 60

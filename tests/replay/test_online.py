@@ -6,6 +6,7 @@ import pytest
 
 from kvcost.data.log_rows import RequestRow
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
+from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.online import (
     CompletedRequest,
@@ -13,8 +14,10 @@ from kvcost.replay.online import (
     OnlineSettings,
     mae_lower_beyond_noise,
     observations_frame,
+    route_figures,
+    routes_no_worse,
 )
-from kvcost.replay.simulator import ClusterSimulator
+from kvcost.replay.simulator import ClusterSimulator, latest_window
 from kvcost.routing.policies.llmd_latency import LlmdPredictedLatencyPolicy
 from kvcost.routing.router import RouterSettings
 from tests.replay.test_simulator import blocks, make_trace
@@ -86,6 +89,8 @@ def test_settings_validation():
         OnlineSettings(min_rows=5)
     with pytest.raises(ValueError, match=r"rows_growth = 1, expected a number > 1 \(inf: time schedule only\)"):
         OnlineSettings(rows_growth=1)
+    with pytest.raises(ValueError, match="replay_window_s = 0, expected seconds > 0"):
+        OnlineSettings(replay_window_s=0)
 
 
 def test_a_policy_with_its_own_model_is_refitted_instead_of_the_term_models():
@@ -180,3 +185,93 @@ def test_without_the_gate_every_challenger_routes():
     learner = OnlineLearner(OnlineSettings(retrain_every_s=100, min_rows=50, gate_on_mae=False))
     model_set = learner.maybe_retrain(_observations(60, profile_error=1.0), now_s=150)
     assert model_set.learned and "promoted" not in learner.retrains[-1]
+
+
+def _figures(p50_s, p99_s):
+    return {"ttft_p50_s": p50_s, "ttft_p99_s": p99_s}
+
+
+def _gated_learner(figures, calls):
+    """A learner whose window replay answers ``figures[set.learned]`` (True: a learned set, False: analytic)."""
+
+    def window_replay(model_set, now_s):
+        calls.append((model_set.learned, now_s))
+        return figures[model_set.learned]
+
+    settings = OnlineSettings(retrain_every_s=100, min_rows=50, gate_on_replay=True)
+    return OnlineLearner(settings, window_replay=window_replay)
+
+
+def test_the_replay_gate_refuses_a_challenger_that_routes_the_window_worse():
+    calls = []
+    learner = _gated_learner({True: _figures(1.0, 9.5), False: _figures(1.0, 9.0)}, calls)
+    model_set = learner.maybe_retrain(_observations(400), now_s=150)  # the challenger wins the MAE gate
+    record = learner.retrains[-1]
+    assert calls == [(False, 150), (True, 150)]  # the incumbent's window (analytic), then the challenger's
+    assert record["promoted"] == "analytic" and record["refused"] == "challenger"
+    assert record["replay"] == {"analytic": _figures(1.0, 9.0), "challenger": _figures(1.0, 9.5)}
+    assert not model_set.learned and model_set.calibrated and learner.routing_model is model_set
+
+
+def test_the_replay_gate_passes_a_challenger_no_worse_and_puts_the_analytic_set_back_when_it_routes_better():
+    calls = []
+    figures = {True: _figures(1.0, 9.0), False: _figures(1.0, 9.0)}  # a tie passes
+    learner = _gated_learner(figures, calls)
+    challenger = learner.maybe_retrain(_observations(400), now_s=150)
+    assert learner.retrains[-1]["promoted"] == "challenger" and "refused" not in learner.retrains[-1]
+    assert challenger.learned and learner.routing_model is challenger
+    figures[False] = _figures(1.0, 8.0)  # the MAE gate keeps the learned set; the analytic one routes better
+    model_set = learner.maybe_retrain(_observations(60), now_s=300)
+    record = learner.retrains[-1]
+    assert calls[2:] == [(True, 300), (False, 300)]  # the learned incumbent, then the analytic set
+    assert record["promoted"] == "analytic" and record["refused"] == "current"
+    assert not model_set.learned and learner.routing_model is model_set
+    learner.maybe_retrain(_observations(60, profile_error=1.0), now_s=450)  # analytic incumbent, MAE keeps it
+    assert len(calls) == 4 and "replay" not in learner.retrains[-1]  # nothing else in play: no replay
+
+
+def test_the_replay_gate_is_off_by_default():
+    calls = []
+    off = OnlineLearner(OnlineSettings(min_rows=50), window_replay=lambda m, t: calls.append(m))
+    assert off.maybe_retrain(_observations(400), now_s=150).learned and calls == []
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "passed"),
+    [
+        ((1.0, 9.0), (1.0, 9.0), True),  # equal: the same routing outcome
+        ((0.9, 8.0), (1.0, 9.0), True),
+        ((1.1, 8.0), (1.0, 9.0), False),  # a better tail bought with the median
+        ((0.9, 9.1), (1.0, 9.0), False),
+        ((math.nan, math.nan), (1.0, 9.0), False),  # an empty window: nothing to compare
+    ],
+)
+def test_routes_no_worse_by_hand(new, old, passed):
+    assert routes_no_worse(_figures(*new), _figures(*old)) is passed
+
+
+def test_route_figures_by_hand():
+    # numpy's linear quantile of 0, 1, …, 100 (NaN skipped): P50 = 50, P99 = 99
+    assert route_figures(np.append(np.arange(101.0), np.nan)) == _figures(50.0, 99.0)
+    assert all(math.isnan(v) for v in route_figures(np.array([np.nan])).values())
+
+
+def test_the_latest_window_holds_only_requests_completed_by_then():
+    trace = make_trace([(t, 100, 2, blocks(range(1, 2), 10 + t, 100)) for t in range(10)])
+    window = latest_window(trace, now_s=7.0, window_s=4.0, completed_ids={0, 3, 4, 6, 7, 8})
+    assert [r.request_id for r in window.requests] == [3, 4, 6]  # arrivals 3–6 s; 5 still running, 7 not yet arrived
+    assert window.requests[0] is trace.requests[3] and window.name == trace.name
+
+
+def test_the_simulator_replays_the_latest_window_from_an_empty_cluster():
+    trace = make_trace([(0.25 * i, 600, 4, blocks(range(1, 11), 100 * (i + 1), 600)) for i in range(80)])
+    config = ClusterConfig(fleet=("a100", "a100"), warmup_s=2.0, router=RouterSettings(policy="learned_cost_aware"))
+    sim = ClusterSimulator(config, trace.block_size_tokens, online=OnlineSettings(min_rows=20, replay_window_s=5.0))
+    with pytest.raises(RuntimeError, match="replay_window needs an online replay in progress"):
+        sim.replay_window(TermModelSet.analytic(), 10.0)
+    sim.run(trace)  # every request completes: the window is all arrivals in [5, 10) s
+    assert sim.online.window_replay == sim.replay_window
+    figures = sim.replay_window(TermModelSet.analytic(), 10.0)
+    window = replace(trace, requests=trace.requests[20:40])
+    alone = ClusterSimulator(replace(config, warmup_s=0.0), trace.block_size_tokens).run(window)
+    assert len(alone.requests) == 20 and figures == route_figures(alone.requests["actual_ttft_s"].to_numpy())
