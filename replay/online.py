@@ -14,11 +14,13 @@ trace's load swings) with the predictions made for it at decision time.
 A policy with its own model (``RouterPolicy.own_model``: ``llmd_predicted_latency``)
 is refitted on the same rows at the same moments instead of the term models.
 
-A new set routes only through two gates (kvcost issue 13 §4): its composed TTFT must predict
-better than the set routing now (:func:`mae_lower_beyond_noise`), and, where the replay supplies
-one (:attr:`OnlineLearner.window_replay`), a replay of the latest window of completed requests
-routed by it must be no worse in TTFT P50 and P99 (:func:`routes_no_worse`), the rule
-``kvcost models promote --trace`` applies to champions (:mod:`kvcost.replay.promotion`).
+A new set routes only if its composed TTFT predicts better than the set routing now
+(:func:`mae_lower_beyond_noise`; kvcost issue 13 §4). With ``OnlineSettings.gate_on_replay``
+(off by default: measured worse, see its docstring), and where the replay supplies one
+(:attr:`OnlineLearner.window_replay`), the sets in play are then also replayed on the latest
+window of completed requests and must route it no worse in TTFT P50 and P99
+(:func:`routes_no_worse`), the rule ``kvcost models promote --trace`` applies to champions
+(:mod:`kvcost.replay.promotion`).
 """
 
 from __future__ import annotations
@@ -203,17 +205,16 @@ class OnlineLearner:
         against challenger; the analytic model when there is no champion), with the analytic model
         always a contender. Nothing in it is fitted to a workload.
 
-        With ``gate_on_replay`` and a :attr:`window_replay`, a contender that passes the MAE gate
-        then routes only if the latest window of completed requests, replayed from an empty
-        cluster once with it and once with the incumbent (same arrivals, same seed), has a TTFT P50
-        and P99 no worse with it (:func:`routes_no_worse`); else the incumbent stays
-        (``promoted`` names it, ``refused`` the contender). Both sets of figures are recorded
-        (``replay``). Why: a lower MAE does not make a better router; the errors that matter flip
-        decisions. On the bundled trace at 4 workers and 95 % load the learned set predicts
-        better than the analytic model and routes worse (P99 1.06–1.23× ``cost_aware``'s over
-        three seeds, ``docs/routing-unseen-workloads.md``). The replay measures the quantity the
-        router is judged on, on the traffic it routes now, so the rule does not depend on a
-        workload; it uses only requests already completed, as a live fleet's log would hold them.
+        With ``gate_on_replay`` and a :attr:`window_replay`, the MAE gate's choice is then checked
+        by replay (:meth:`_replay_gate`): the latest window of completed requests is replayed from
+        an empty cluster with each set in play (same arrivals, same seed), and the incumbent stays
+        unless another routes it no worse in TTFT P50 and P99 (``promoted`` names the set that
+        routes, ``refused`` the MAE gate's choice when it lost; ``replay`` holds the figures). Why
+        it was built: a lower MAE does not make a better router, and on the bundled trace at 4
+        workers and 95 % load the learned set predicts better than the analytic model and routes
+        worse. Why it is off: there it routed worse still on two seeds of three, and it lost the
+        heterogeneous-fleet and straggler gains; a window replayed from an empty cluster did not
+        predict the run it was cut from (``docs/routing-unseen-workloads.md``).
 
         Returns:
             The set to route with from now on, or None when it did not retrain, when the set routing
