@@ -104,9 +104,9 @@ class OnlineSettings:
         gate_on_replay: then decide between the sets in play by replaying the latest
             ``replay_window_s`` of completed requests with each (:meth:`OnlineLearner._replay_gate`;
             where the learner has a :attr:`OnlineLearner.window_replay`; a live log has none). Off by
-            default: measured on the bundled trace at 4 workers, 95 %, and the heterogeneous-fleet
-            command, it routed worse than the MAE gate alone on three of four replays
-            (``docs/routing-unseen-workloads.md``, stop 35).
+            default: measured on the bundled trace at 4 workers, 95 % (three seeds), and the
+            README's heterogeneous-fleet and straggler commands, it routed worse than the MAE gate
+            alone on four of five replays (``docs/routing-unseen-workloads.md``, stop 35).
         replay_window_s: that window, seconds of trace time (> 0).
     """
 
@@ -271,8 +271,10 @@ class OnlineLearner:
         ]
         winner = min(better, key=mae_s.__getitem__) if better else incumbent
         record.update(promoted=winner, mae_s=mae_s)
-        contenders["analytic"] = train_term_set(split, "analytic")  # routes with its TTFT calibrated on these rows
-        if self.settings.gate_on_replay and self.window_replay is not None:
+        replay = self.settings.gate_on_replay and self.window_replay is not None
+        if winner == "analytic" or replay:  # the analytic set routes with its TTFT calibrated on these rows
+            contenders["analytic"] = train_term_set(split, "analytic")
+        if replay:
             winner = self._replay_gate(contenders, incumbent, winner, record)
         if winner == "current":
             return None
