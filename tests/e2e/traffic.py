@@ -115,10 +115,20 @@ class Result:
 
 
 async def send(
-    client: httpx.AsyncClient, base_url: str, spec: Spec, headers: dict[str, str], id_prefix: str = "e2e"
+    client: httpx.AsyncClient,
+    base_url: str,
+    spec: Spec,
+    headers: dict[str, str],
+    id_prefix: str = "e2e",
+    live: list[Result] | None = None,
 ) -> Result:
-    """Send one streamed request through the gateway (client id ``<id_prefix>-<index>``) and read the stream."""
+    """Send one streamed request through the gateway (client id ``<id_prefix>-<index>``) and read the stream.
+
+    ``live``, when given, receives the :class:`Result` at once, so a caller can watch the stream as it arrives.
+    """
     result = Result(spec)
+    if live is not None:
+        live.append(result)
     for attempt in range(2):
         started = time.perf_counter()
         client_id = f"{id_prefix}-{spec.index}" + ("-resent" if attempt else "")
@@ -180,12 +190,14 @@ async def send_open_loop(
     headers: dict[str, str] | None = None,
     id_prefix="e2e",
     poisson_seed: int | None = None,
+    live: list[Result] | None = None,
 ) -> list[Result]:
     """Send ``all_specs`` at ``rate_per_s`` (open loop: arrivals do not wait for answers).
 
     Arrivals are evenly spaced, or a Poisson process seeded by ``poisson_seed`` (exponential gaps of mean
     1 / ``rate_per_s``), as vLLM's ``benchmark_serving`` sends at a request rate: its bursts queue
     requests in every engine even when the router's split leaves one engine below its capacity on average.
+    ``live``, when given, receives each request's :class:`Result` as it is sent (see :func:`send`).
     """
     offsets_s = [i / rate_per_s for i in range(len(all_specs))]
     if poisson_seed is not None:
@@ -199,7 +211,7 @@ async def send_open_loop(
             delay = start + offset_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(client, base_url, spec, headers or {}, id_prefix)))
+            tasks.append(asyncio.create_task(send(client, base_url, spec, headers or {}, id_prefix, live)))
         return list(await asyncio.gather(*tasks))
 
 
