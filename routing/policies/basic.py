@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from kvcost.core.types import blocks_to_allocate
-from kvcost.routing.arrival_log import ArrivalLog
 from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyContext, RouterPolicy, argmin_stable
 
 
@@ -160,93 +159,22 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: float | None = None) ->
     return price
 
 
-def family_hash(ctx: PolicyContext) -> int | None:
-    """The deepest full block of the request's prompt that its best-matched candidates hold: the hash
-    naming its prefix family (the blocks are chained, so it stands for the whole prefix), or None when
-    no candidate holds a full block of it."""
-    blocks = int(ctx.reusable_tokens.max()) // ctx.request.namespace.block_size_tokens
-    hashes = ctx.request.block_hashes
-    return hashes[min(blocks, len(hashes)) - 1] if blocks > 0 and hashes else None
-
-
-def move_price_s(ctx: PolicyContext, arrivals: ArrivalLog) -> np.ndarray:
-    """The prefill a move off the prefix holders adds, times the later requests it delays, seconds ``(n,)``, ≥ 0.
-
-    A request sent to candidate i, which holds ``max(reusable) − reusable_i`` fewer of its tokens than
-    the best-matched candidates (the holders), recomputes them: ``moved_i`` seconds of prefill at i's
-    predicted seconds per uncached token. The holders pay 0. That work delays the requests that arrive
-    while no worker has room for them. With ``h = queue_i + prefill_i``, the time the move keeps i busy,
-    and the log of the router's own decisions over ``[now − h, now)`` (:class:`ArrivalLog`) standing
-    for the next ``h`` seconds:
-
-    * ``A`` arrivals brought ``W`` seconds of prefill, and the fleet has ``F = Σ_j max(0, h − queue_j)``
-      seconds of room in the next ``h`` (each candidate's predicted queue for this request);
-    * the share of them that finds no room is ``max(0, 1 − F ÷ W)``; a fleet that keeps up finds room
-      for all (price 0) and light load routes as the predicted TTFT says;
-    * each delayed arrival waits ``moved_i ÷ n`` longer on average (the router spreads the extra work
-      over the n candidates), so the price is ``moved_i × A × max(0, 1 − F ÷ W) ÷ n``.
-
-    **Families that need a copy pay nothing.** When the family's share of the window's arrivals (those
-    carrying :func:`family_hash`) exceeds the holders' share of the fleet, ``holders ÷ n``, the holders
-    cannot serve the family alone and a second copy is what balances the load. (Preble replicates a
-    prefix whose GPU carries too much of the load, ``handle_important_node_stealing`` in
-    WukLab/preble, with a fixed 15× load ratio; this gate needs no ratio.) Without it, a Zipf-hot
-    system prompt stayed on its holder while that worker's queue grew (``gen:shared-prefix``, 4 workers,
-    rate 4: P99 34.2 s against 24.6 s).
-
-    Why: in a burst, sending a sibling of a shared prompt to a worker whose queue is shorter by a
-    fraction of a second saves that request little and adds its recompute to a fleet about to be full
-    (kvcost issue 13: `cost_aware` computed 19 % more prompt tokens than ``preble_e2`` over a
-    ``gen:mix`` burst, 206 k of the 238 k extra tokens from such moves; the predicted TTFT cannot see
-    it, and the oracle that minimises each request's own TTFT loses the same cells).
-
-    Why it should hold on other workloads: nothing in it is fitted. The window is the target's own
-    predicted busy time, the arrivals and their prefill come from the router's decisions, the room
-    from the candidates' predicted queues, and the family gate from the same log. It is zero wherever
-    the fleet has room or no candidate holds more of the prompt than another.
-    """
-    reuse = ctx.reusable_tokens.astype(np.float64)
-    moved_tokens = reuse.max() - reuse
-    price = np.zeros(len(reuse))
-    if not moved_tokens.any() or not len(arrivals):
-        return price
-    predictions = ctx.predictions
-    queue_s = predictions.queue_s
-    moved_s = moved_tokens * predictions.prefill_s / np.maximum(1.0, ctx.request.input_tokens - reuse)
-    n = len(reuse)
-    holders = int(np.count_nonzero(reuse == reuse.max()))
-    family = family_hash(ctx)
-    for i in np.flatnonzero(moved_tokens > 0):
-        busy_s = float(queue_s[i] + predictions.prefill_s[i])
-        start_s = ctx.now_s - busy_s
-        count, work_s = arrivals.window(start_s, ctx.now_s)
-        if count == 0 or work_s <= 0:
-            continue
-        if family is not None and arrivals.carrying(family, start_s, ctx.now_s) * n > holders * count:
-            continue
-        room_s = float(np.maximum(0.0, busy_s - queue_s).sum())
-        price[i] = moved_s[i] * count * max(0.0, 1.0 - room_s / work_s) / n
-    return price
-
-
 @ROUTER_POLICIES.register("cost_aware")
 class CostAwarePolicy(RouterPolicy):
     """Lowest predicted TTFT on the critical path plus what the choice leaves behind, among workers
     within the hot-spot skew limit.
 
     Weighs cache reuse (shorter prefill) against load (longer queue) through the
-    predicted terms, as in docs/architecture.md §1's hot/cold example, and adds three prices of
+    predicted terms, as in docs/architecture.md §1's hot/cold example, and adds two prices of
     what the choice does to other requests: duplicating a prefix another worker holds
-    (:func:`duplicate_price_s`), holding KV memory on a worker whose memory binds
-    (:func:`memory_hold_price_s`), and the prefill a move off the prefix holders adds while the
-    fleet has no room (:func:`move_price_s`, over the log of its own decisions).
+    (:func:`duplicate_price_s`) and holding KV memory on a worker whose memory binds
+    (:func:`memory_hold_price_s`).
 
     Args:
         seed: unused (ties go to the less loaded, then the lower index).
         duplicate_price_weight: factor on :func:`duplicate_price_s` (≥ 0; 1 by default).
         memory_price_weight: factor on :func:`memory_hold_price_s` (≥ 0; 1 by default).
-        move_price_weight: factor on :func:`move_price_s` (≥ 0; 1 by default).
-            All three at 0 rank by the predicted TTFT alone.
+            Both at 0 rank by the predicted TTFT alone.
         hold_tokens: the decode steps :func:`memory_hold_price_s` counts the blocks as held,
             ≥ 0; None (the default) = the router's online estimate of a decoder's remaining
             output (``PolicyContext.remaining_decode_tokens``).
@@ -264,35 +192,28 @@ class CostAwarePolicy(RouterPolicy):
         seed: int = DEFAULT_SEED,
         duplicate_price_weight: float = 1.0,
         memory_price_weight: float = 1.0,
-        move_price_weight: float = 1.0,
         hold_tokens: float | None = None,
     ) -> None:
         super().__init__(seed=seed)
         for name, value in (
             ("duplicate_price_weight", duplicate_price_weight),
             ("memory_price_weight", memory_price_weight),
-            ("move_price_weight", move_price_weight),
             ("hold_tokens", 0.0 if hold_tokens is None else hold_tokens),
         ):
             if not value >= 0:
                 raise ValueError(f"{name} = {value}, expected a number ≥ 0")
         self.duplicate_price_weight = duplicate_price_weight
         self.memory_price_weight = memory_price_weight
-        self.move_price_weight = move_price_weight
         self.hold_tokens = hold_tokens
-        self.arrivals = ArrivalLog()
 
     def price_s(self, ctx: PolicyContext) -> np.ndarray:
         """What each choice costs other requests, seconds ``(n,)``: the weighted sum of
-        :func:`duplicate_price_s`, :func:`memory_hold_price_s` and :func:`move_price_s` (terms at weight 0
-        are skipped)."""
+        :func:`duplicate_price_s` and :func:`memory_hold_price_s` (terms at weight 0 are skipped)."""
         price = np.zeros(len(ctx.snapshots))
         if self.duplicate_price_weight:
             price += self.duplicate_price_weight * duplicate_price_s(ctx)
         if self.memory_price_weight:
             price += self.memory_price_weight * memory_hold_price_s(ctx, self.hold_tokens)
-        if self.move_price_weight:
-            price += self.move_price_weight * move_price_s(ctx, self.arrivals)
         return price
 
     def score_s(self, ctx: PolicyContext) -> np.ndarray:
@@ -318,12 +239,6 @@ class CostAwarePolicy(RouterPolicy):
             why = "skew limit" if not ctx.allowed[most_reuse] else f"{ttft_s[most_reuse] * 1e3:.1f} ms"
             reason += f"; best-hit worker {ctx.snapshots[most_reuse].worker_id} not chosen ({why})"
         return index, reason
-
-    def on_routed(self, ctx: PolicyContext, index: int) -> None:
-        """Log the decision for :func:`move_price_s`: its time, the prefill predicted on the chosen
-        candidate, and the prompt's block hashes."""
-        if self.move_price_weight:
-            self.arrivals.add(ctx.now_s, float(ctx.predictions.prefill_s[index]), ctx.request.block_hashes)
 
 
 @ROUTER_POLICIES.register("learned_cost_aware")

@@ -7,15 +7,8 @@ import pytest
 
 from kvcost.core.composition import TermPredictions
 from kvcost.core.types import Namespace, RouteRequest
-from kvcost.routing.arrival_log import ArrivalLog
 from kvcost.routing.policies import ROUTER_POLICIES, PolicyContext, make_policy
-from kvcost.routing.policies.basic import (
-    duplicate_price_s,
-    family_hash,
-    memory_hold_price_s,
-    memory_pressure,
-    move_price_s,
-)
+from kvcost.routing.policies.basic import duplicate_price_s, memory_hold_price_s, memory_pressure
 
 REQUEST = RouteRequest(0, 0.0, 1000, (1,), Namespace("linear"))
 
@@ -229,59 +222,8 @@ def test_cost_aware_keeps_a_family_on_its_memory_bound_holder_when_requests_wait
     assert make_policy("cost_aware").choose(ctx) == (0, "min predicted TTFT + price 400.0 + 189.3 ms, reuse 800 tokens")
 
 
-@pytest.mark.parametrize("name", ["duplicate_price_weight", "memory_price_weight", "move_price_weight", "hold_tokens"])
+@pytest.mark.parametrize("name", ["duplicate_price_weight", "memory_price_weight", "hold_tokens"])
 @pytest.mark.parametrize("value", [-0.5, float("nan")])
 def test_cost_aware_refuses_a_negative_weight_or_hold(name, value):
     with pytest.raises(ValueError, match=f"{name} = {value}, expected a number ≥ 0"):
         make_policy("cost_aware", **{name: value})
-
-
-def moving_context(make_snapshot, now_s=10.0):
-    """A 2048-token request (blocks of 512) on two candidates: worker 10 holds 1024 tokens of it (queue
-    0.3 s, prefill 0.1 s), worker 11 none (queue 0, prefill 0.2 s: 0.1 s to recompute the 1024)."""
-    request = RouteRequest(5, now_s, 2048, (21, 22, 23, 24), Namespace("linear", block_size_tokens=512))
-    ctx = context(make_snapshot, [0.3, 0.0], [0.1, 0.2], reusable=[1024, 0])
-    return replace(ctx, request=request, now_s=now_s)
-
-
-def test_move_price_is_the_recompute_times_the_arrivals_that_find_no_room_over_n(make_snapshot):
-    ctx = moving_context(make_snapshot)
-    log = ArrivalLog()
-    log.add(9.85, 0.5, (31,))
-    log.add(9.9, 0.5, (32,))
-    # worker 11 is busy 0 + 0.2 s: 2 arrivals in [9.8, 10) brought 1.0 s of prefill; the fleet has
-    # max(0, 0.2 − 0.3) + max(0, 0.2 − 0) = 0.2 s of room, so 2 × (1 − 0.2 / 1.0) = 1.6 find none;
-    # the move recomputes 1024 × 0.2 / 2048 = 0.1 s: price 0.1 × 1.6 / 2 candidates
-    assert move_price_s(ctx, log) == pytest.approx([0.0, 0.08], abs=1e-15)
-    assert move_price_s(ctx, ArrivalLog()).tolist() == [0.0, 0.0]  # nothing arrived
-
-
-def test_move_price_is_zero_where_the_fleet_has_room(make_snapshot):
-    log = ArrivalLog()
-    log.add(9.9, 0.1, (31,))  # 0.1 s of prefill against 0.2 s of room
-    assert move_price_s(moving_context(make_snapshot), log).tolist() == [0.0, 0.0]
-
-
-def test_move_price_lets_a_family_that_needs_a_copy_move(make_snapshot):
-    # both arrivals carried block 22, the deepest block worker 10 holds: the family brought 2 of the 2
-    # arrivals, more than its 1 holder's share of 2 candidates, so a second copy is free of the price
-    log = ArrivalLog()
-    log.add(9.85, 0.5, (21, 22))
-    log.add(9.9, 0.5, (31,))
-    assert move_price_s(moving_context(make_snapshot), log) == pytest.approx([0.0, 0.08], abs=1e-15)
-    log.add(9.95, 0.5, (21, 22, 23))
-    assert move_price_s(moving_context(make_snapshot), log).tolist() == [0.0, 0.0]
-    assert family_hash(moving_context(make_snapshot)) == 22
-
-
-def test_cost_aware_keeps_the_holder_when_the_move_price_says_so_and_logs_its_decisions(make_snapshot):
-    ctx = moving_context(make_snapshot)  # predicted TTFT: holder 0.4 s, the other 0.2 s
-    policy = make_policy("cost_aware")
-    for time_s in (9.81, 9.84, 9.87, 9.9, 9.93, 9.96):  # 3.0 s of prefill: 6 × (1 − 0.2 / 3) find no room
-        policy.arrivals.add(time_s, 0.5, (31,))
-    # the move's price 0.1 × 5.6 / 2 = 0.28 s makes worker 11 cost 0.48 s against the holder's 0.4 s
-    assert policy.choose(ctx) == (0, "min predicted TTFT 400.0 ms, reuse 1024 tokens")
-    assert make_policy("cost_aware", move_price_weight=0.0).choose(ctx)[0] == 1
-    policy.on_routed(ctx, 0)
-    count, prefill_s = policy.arrivals.window(10.0, 10.1)  # the holder's 0.1 s of prefill
-    assert (count, prefill_s) == (1, pytest.approx(0.1, abs=1e-15)) and policy.arrivals.carrying(24, 10.0, 10.1) == 1
