@@ -32,6 +32,14 @@ def bench(
             "(copied from a previous bench.json's load_levels)."
         ),
     ] = None,
+    replays: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Replays per cell at nearby rate scales (× (1 + k 10⁻⁴)); each row is its median-P99 replay "
+            "and bench.md lists every replay's P99. A busy cell's P99 moves by ±7–20 % between such replays.",
+        ),
+    ] = 1,
     sensitivity: Annotated[
         bool,
         typer.Option(
@@ -55,12 +63,12 @@ def bench(
         return size_list, bench_policies([p.strip() for p in policies.split(",")] if policies else None), given
 
     size_list, names, given = guard(parse)
+    options = {"sizes": size_list, "policies": names, "quick": quick, "jobs": jobs, "replays": replays}
     if sensitivity:
-        _sensitivity(settings, size_list, names, quick, jobs)
+        _sensitivity(settings, options)
         return
     total = len(size_list) * 3 * len(names)
-    options = {"sizes": size_list, "policies": names, "quick": quick, "jobs": jobs, "given_scales": given}
-    result = _with_progress("bench cells", total, execute_bench, settings, options)
+    result = _with_progress("bench cells", total, execute_bench, settings, options | {"given_scales": given})
     print_bench(result)
 
 
@@ -79,11 +87,11 @@ def _with_progress(label: str, total: int, execute, settings: ReplaySettings, op
         )
 
 
-def _sensitivity(settings: ReplaySettings, sizes: list[int], policies: list[str], quick: bool, jobs: int) -> None:
-    """``--sensitivity``: the bench of every variant, then one line per kvcost policy."""
+def _sensitivity(settings: ReplaySettings, options: dict) -> None:
+    """``--sensitivity``: the bench of every variant (``execute_bench``'s ``options``), then one line per kvcost
+    policy."""
     traces = guard(lambda: sensitivity_traces(settings.trace, settings.seed))
-    total = len(traces) * len(sizes) * 3 * len(policies)
-    options = {"sizes": sizes, "policies": policies, "quick": quick, "jobs": jobs}
+    total = len(traces) * len(options["sizes"]) * 3 * len(options["policies"])
     result = _with_progress("sensitivity cells", total, execute_sensitivity, settings, options)
     for policy, s in result["summary"].items():
         console.print(

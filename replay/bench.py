@@ -245,16 +245,58 @@ def _trace(trace: str, rate_scale: float, duration_s: float | None, seed: int) -
     return load_trace(trace, rate_scale=rate_scale, duration_s=duration_s, spread_seed=seed)
 
 
-def run_cell(cell: BenchCell, trace: str, duration_s: float | None, seed: int, keep_samples: bool) -> dict:
+#: Relative step between the rate scales of a cell's nearby replays (:func:`nearby_rate_scales`): 10⁻⁴ moves
+#: each arrival by at most 0.01 % of its time (0.36 s at the end of an hour), far below any load level's
+#: width, yet a busy cell's P99 moves by ±7–20 % between such replays (docs/routing-unseen-workloads.md,
+#: "How fragile the three lost cells are"): the spread is the replay's own sensitivity, not the load's.
+NEARBY_STEP = 1e-4
+
+
+def nearby_rate_scales(rate_scale: float, replays: int) -> list[float]:
+    """The rate scales of a cell's ``replays`` nearby replays: ``rate_scale × (1 + k NEARBY_STEP)`` for
+    k = 0, −1, 1, −2, 2, … (the first ``replays``), so one replay is the cell itself.
+
+    Raises:
+        ValueError: ``replays`` < 1.
+    """
+    if replays < 1:
+        raise ValueError(f"replays = {replays}, expected an integer ≥ 1")
+    offsets = [0] + [sign * k for k in range(1, replays) for sign in (-1, 1)]
+    return [rate_scale * (1 + k * NEARBY_STEP) for k in offsets[:replays]]
+
+
+def run_cell(
+    cell: BenchCell, trace: str, duration_s: float | None, seed: int, keep_samples: bool, replays: int = 1
+) -> dict:
     """Replay one cell; returns its summary figures (and worker samples when asked).
+
+    With ``replays`` > 1 the cell is replayed at :func:`nearby_rate_scales` and the row is the replay
+    whose TTFT P99 is the median (the lower median for an even count), so every figure of the row
+    comes from one replay; ``ttft_p99_replays_s`` lists the P99 of every replay in
+    :func:`nearby_rate_scales` order, and ``rate_scale`` stays the cell's.
 
     A learned policy's row also holds ``served_coverage_90``: the share of its requests whose TTFT
     was within the P90 bound served when they were routed, by a model trained only on earlier
     requests (coverage on a later window, as a live fleet sees it); NaN for the others.
+
+    Raises:
+        ValueError: ``replays`` < 1.
     """
+    scales = nearby_rate_scales(cell.rate_scale, replays)
+    runs = [_replay_row(cell, trace, duration_s, seed, keep_samples, scale) for scale in scales]
+    p99s = [r["ttft_p99_s"] for r in runs]
+    row = runs[sorted(range(len(runs)), key=lambda i: (math.isnan(p99s[i]), p99s[i]))[(len(runs) - 1) // 2]]
+    if replays > 1:
+        row["ttft_p99_replays_s"] = p99s
+    return row
+
+
+def _replay_row(
+    cell: BenchCell, trace: str, duration_s: float | None, seed: int, keep_samples: bool, rate_scale: float
+) -> dict:
     config = ClusterConfig(fleet=("a100",) * cell.workers, seed=seed, router=RouterSettings(policy=cell.policy))
     online = OnlineSettings(retrain_every_s=ONLINE_RETRAIN_S) if ROUTER_POLICIES.get(cell.policy).learned else None
-    result = replay(_trace(trace, cell.rate_scale, duration_s, seed), config, online=online)
+    result = replay(_trace(trace, rate_scale, duration_s, seed), config, online=online)
     row = {"policy": cell.policy, "load": cell.load, "workers": cell.workers, "rate_scale": cell.rate_scale}
     row |= summarise(result, cell.workers)
     served = result.served_coverage_90
@@ -272,9 +314,11 @@ def run_bench(
     jobs: int,
     keep_samples: Callable[[BenchCell], bool],
     progress: Callable[[int], None] | None = None,
+    replays: int = 1,
 ) -> list[dict]:
-    """Run every cell (in ``jobs`` processes when > 1); rows in ``cells`` order."""
-    args = [(c, trace, duration_s, seed, keep_samples(c)) for c in cells]
+    """Run every cell (in ``jobs`` processes when > 1), each ``replays`` times (:func:`run_cell`); rows in
+    ``cells`` order."""
+    args = [(c, trace, duration_s, seed, keep_samples(c), replays) for c in cells]
     if jobs <= 1:
         rows = []
         for a in args:

@@ -54,16 +54,38 @@ def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str])
         ]
         parts += [f"## {workers} workers, {load} load (rate scale {group[0]['rate_scale']:g})", ""]
         parts += [markdown_table(["policy", *(label for _, label in _COLUMNS)], table), ""]
+        parts += _replay_spread(group)
     parts += [
         f"Set-up: {header['trace']}, window {header['window']}, seed {header['seed']}, prefix cache on, "
         "A100-80GB workers serving Llama-3-8B. Utilisation is the share of time a worker had a request "
         "waiting for its first token. The best baseline is the lowest P99 of the nine anchor routers that "
-        "ran (not kvcost's own policies, `least_loaded` or `round_robin`).",
+        "ran (not kvcost's own policies, `least_loaded` or `round_robin`)." + _replays_note(header),
         "",
         *[f"![{p}]({p})" for p in plots],
         "",
     ]
     path.write_text("\n".join(parts))
+
+
+def _replays_note(header: dict) -> str:
+    """The set-up's sentence on nearby replays (empty for one replay a cell)."""
+    replays = header.get("replays", 1)
+    if replays <= 1:
+        return ""
+    return (
+        f" Each row is the replay with the median P99 of {replays} nearby replays of its cell (rate scale "
+        "× (1 + k 10⁻⁴), k = 0, −1, 1, …), each P99 listed under its table."
+    )
+
+
+def _replay_spread(group: list[dict]) -> list[str]:
+    """One line listing each policy's P99 over its nearby replays (none when a cell was replayed once)."""
+    spread = [
+        f"{r['policy']} {min(r['ttft_p99_replays_s']):.2f}–{max(r['ttft_p99_replays_s']):.2f}"
+        for r in group
+        if "ttft_p99_replays_s" in r
+    ]
+    return [f"P99 over the nearby replays (s): {'; '.join(spread)}.", ""] if spread else []
 
 
 def _limit_and_levels(header: dict) -> list[str]:

@@ -332,8 +332,12 @@ def execute_bench(
     progress: Callable[[int], None] | None = None,
     calibrate_levels: bool | None = None,
     given_scales: dict[int, dict[str, float]] | None = None,
+    replays: int = 1,
 ) -> dict:
     """Run the benchmark grid and write ``bench.json``, ``bench.md`` and plots into ``out``.
+
+    Each cell is replayed ``replays`` times at nearby rate scales and reported by its median-P99
+    replay (:func:`kvcost.replay.bench.run_cell`); the header records ``replays``.
 
     Load levels: with ``calibrate_levels`` (default: every trace but those of
     ``CALIBRATED_TRACES``) the rate scales are found by bisection per cluster
@@ -344,8 +348,10 @@ def execute_bench(
     infinite shared cache, no queue) and the calibration.
 
     Raises:
-        ValueError / KeyError: unknown policy or trace, bad size, unwritable output.
+        ValueError / KeyError: unknown policy or trace, bad size, ``replays`` < 1, unwritable output.
     """
+    if replays < 1:
+        raise ValueError(f"replays = {replays}, expected an integer ≥ 1")
     for workers in sizes:
         if workers < 1:
             raise ValueError(f"sizes contains {workers}, expected worker counts ≥ 1")
@@ -359,13 +365,15 @@ def execute_bench(
     scales = {w: {k: c.rate_scale for k, c in found[w].items()} for w in sizes} if found else given_scales
     cells = bench_cells(policies, sizes, scales)
     queue_cell = (min(sizes), "80%")
-    rows = run_bench(cells, trace, duration_s, seed, jobs, lambda c: (c.workers, c.load) == queue_cell, progress)
+    keep = lambda c: (c.workers, c.load) == queue_cell  # noqa: E731
+    rows = run_bench(cells, trace, duration_s, seed, jobs, keep, progress, replays)
     add_ratios(rows)
     window = f"first {QUICK_DURATION_S:g} s of trace time" if quick else "whole trace"
     header = {
         "trace": trace,
         "seed": seed,
         "quick": quick,
+        "replays": replays,
         "window": window,
         "sizes": list(sizes),
         "load_levels": {str(w): scales[w] if scales else rate_scales(w) for w in sizes},

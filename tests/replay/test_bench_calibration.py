@@ -1,5 +1,6 @@
 """Load levels by bisection on least_loaded's utilisation, and the physical limit."""
 
+import json
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from kvcost.replay.bench import (
     bench_cells,
     bisect_rate_scale,
     calibrate_load_levels,
+    nearby_rate_scales,
     run_cell,
 )
 from kvcost.replay.config import ClusterConfig
@@ -93,3 +95,23 @@ def test_physical_limit_is_isolated_prefill_of_what_an_infinite_cache_misses():
 def test_physical_limit_of_the_conversation_trace_is_about_13_7_s():
     trace = load_trace("mooncake-conversation")
     assert physical_limit_ttft_p99_s(trace, ClusterConfig()) == pytest.approx(13.66, abs=0.01)
+
+
+def test_nearby_rate_scales_start_at_the_cell_and_alternate_around_it():
+    assert nearby_rate_scales(2.0, 1) == [2.0]
+    assert nearby_rate_scales(2.0, 4) == [2.0, 2.0 * (1 - 1e-4), 2.0 * (1 + 1e-4), 2.0 * (1 - 2e-4)]
+    with pytest.raises(ValueError) as err:
+        nearby_rate_scales(2.0, 0)
+    assert str(err.value) == "replays = 0, expected an integer ≥ 1"
+
+
+def test_a_cell_replayed_three_times_is_its_median_p99_replay():
+    trace, cell = "gen:multi-turn:requests=200", BenchCell("least_loaded", "95%", 1, 4.0)
+    scales = nearby_rate_scales(4.0, 3)
+    alone = [run_cell(BenchCell("least_loaded", "95%", 1, s), trace, None, 0, False) for s in scales]
+    row = run_cell(cell, trace, None, 0, False, replays=3)
+    p99s = [r["ttft_p99_s"] for r in alone]
+    assert row.pop("ttft_p99_replays_s") == p99s and len(set(p99s)) == 3
+    median = sorted(alone, key=lambda r: r["ttft_p99_s"])[1]
+    assert json.dumps(row, sort_keys=True) == json.dumps(median | {"rate_scale": 4.0}, sort_keys=True)
+    assert "ttft_p99_replays_s" not in run_cell(cell, trace, None, 0, False)

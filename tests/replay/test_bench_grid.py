@@ -132,3 +132,18 @@ def test_bench_rejects_bad_sizes_and_policies(tmp_path):
     assert bad.exit_code == 2 and "sizes = 'four'" in bad.output
     bad = runner.invoke(app, ["bench", "--policies", "magic", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "unknown router policy 'magic'" in bad.output
+
+
+def test_bench_replays_each_cell_and_lists_every_p99(tmp_path):
+    args = ["bench", "--quick", "--sizes", "2", "--policies", "least_loaded", "--jobs", "1", "--replays", "2"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    assert bench["replays"] == 2
+    rows = bench["results"]
+    assert [len(r["ttft_p99_replays_s"]) for r in rows] == [2, 2, 2]
+    assert all(r["ttft_p99_s"] == min(r["ttft_p99_replays_s"]) for r in rows)  # the lower median of two
+    report = (tmp_path / "bench.md").read_text()
+    assert "median P99 of 2 nearby replays" in report and report.count("P99 over the nearby replays (s): ") == 3
+    bad = CliRunner().invoke(app, [*args[:-1], "0", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "--replays" in bad.output
