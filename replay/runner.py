@@ -365,8 +365,9 @@ def execute_bench(
     scales = {w: {k: c.rate_scale for k, c in found[w].items()} for w in sizes} if found else given_scales
     cells = bench_cells(policies, sizes, scales)
     queue_cell = (min(sizes), "80%")
-    keep = lambda c: (c.workers, c.load) == queue_cell  # noqa: E731
-    rows = run_bench(cells, trace, duration_s, seed, jobs, keep, progress, replays)
+    rows = run_bench(
+        cells, trace, duration_s, seed, jobs, lambda c: (c.workers, c.load) == queue_cell, progress, replays
+    )
     add_ratios(rows)
     window = f"first {QUICK_DURATION_S:g} s of trace time" if quick else "whole trace"
     header = {
