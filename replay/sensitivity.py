@@ -149,7 +149,7 @@ def execute_sensitivity(trace: str, *, seed: int, out: Path | None, **bench_opti
     writes its bench into ``out/<folder_name(variant)>``; ``out`` (default
     ``runs/sensitivity-<UTC timestamp>``) also gets ``sensitivity.json`` and ``sensitivity.md``.
     ``bench_options`` are ``execute_bench``'s other keyword arguments (``sizes``, ``policies``,
-    ``quick``, ``jobs``, ``progress``), passed to every variant's bench.
+    ``quick``, ``jobs``, ``replays``, ``progress``), passed to every variant's bench.
 
     Returns:
         ``{"out", "trace", "seed", "rows", "summary"}`` (rows: :func:`sensitivity_rows`).
