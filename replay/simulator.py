@@ -126,7 +126,7 @@ class ClusterSimulator:
         self.router.policy.attach_truth(self._true_ttfts_s)
         self.online = OnlineLearner(online, window_replay=self.replay_window) if online is not None else None
         self._trace: Trace | None = None  # the trace being replayed (the replay gate's windows come from it)
-        self._completed_ids: set[int] = set()  # requests completed so far, warm-up included
+        self._completed_ids: set[int] = set()  # requests completed so far (with the replay gate on)
         self.workers = [self._make_worker(i, gpu) for i, gpu in enumerate(config.fleet)]
         self.remote: TierCache | None = None
         if config.tiers is not None and config.cache_enabled and config.tiers.remote_bytes:
@@ -188,7 +188,8 @@ class ClusterSimulator:
                     self.router.on_outcome(r.request_id, r.first_token_s - r.arrival_s, now)
                 worker.first_tokens.clear()
                 if self.online is not None and done:
-                    self._completed_ids.update(r.request_id for r in done)
+                    if self.online.settings.gate_on_replay:  # only the replay gate's windows need them
+                        self._completed_ids.update(r.request_id for r in done)
                     self.online.observe(log.observed, now)
                 if progress is not None and done:
                     progress(len(done))

@@ -266,7 +266,9 @@ def test_the_latest_window_holds_only_requests_completed_by_then():
 def test_the_simulator_replays_the_latest_window_from_an_empty_cluster():
     trace = make_trace([(0.25 * i, 600, 4, blocks(range(1, 11), 100 * (i + 1), 600)) for i in range(80)])
     config = ClusterConfig(fleet=("a100", "a100"), warmup_s=2.0, router=RouterSettings(policy="learned_cost_aware"))
-    sim = ClusterSimulator(config, trace.block_size_tokens, online=OnlineSettings(min_rows=20, replay_window_s=5.0))
+    sim = ClusterSimulator(
+        config, trace.block_size_tokens, online=OnlineSettings(min_rows=20, gate_on_replay=True, replay_window_s=5.0)
+    )
     with pytest.raises(RuntimeError, match="replay_window needs an online replay in progress"):
         sim.replay_window(TermModelSet.analytic(), 10.0)
     sim.run(trace)  # every request completes: the window is all arrivals in [5, 10) s
