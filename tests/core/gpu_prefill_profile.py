@@ -1,0 +1,167 @@
+"""Prefill times of a random-weight Llama-3-8B on a real GPU, to check the step-time model on a GPU it has
+no measured profile for (``docs/step-time-model.md``, "A GPU measured on nothing").
+
+Run on a machine with an NVIDIA GPU, PyTorch and transformers (not collected by pytest; the device
+machine of ``../.library/device``)::
+
+    python3 tests/core/gpu_prefill_profile.py --out prefill.json
+
+What it measures: one request's prefill of ``L`` tokens with nothing cached, the model's forward
+pass over the prompt plus the logits of its last token only (as an engine computes them), in bf16
+with PyTorch's scaled-dot-product attention (its flash kernel on Hopper). The weights are random:
+the time of a dense forward pass does not depend on their values. Each length is timed with CUDA
+events, ``--repeats`` times after ``--warm-up`` runs, and the median kept; then again replayed
+from a captured CUDA graph, which removes the launch cost per operator.
+
+What it is not: a vLLM step. PyTorch runs the layers eagerly (one kernel launch per operator, no
+CUDA graph, no fused RMSNorm or rotary kernels), so it is an upper bound of what an engine's
+prefill takes on the same GPU, close to it where the GEMMs dominate (long prompts) and further
+from it on short ones, where launches weigh more. A dense bf16 GEMM of 8192³ is timed too, for
+the GPU's reachable FLOP/s.
+
+Decode steps: ``batch`` sequences of ``context`` tokens each, one token per sequence, through the
+model's own layers reading preallocated K/V (:func:`_decode_ms`), eager and from a CUDA graph.
+
+Output: JSON ``{"gpu", "torch", "gemm_tflops", "prefill_ms": {L: median}, "prefill_cuda_graph_ms":
+{L: median}, "decode_step_ms": {"BxC": [eager, graph]}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+#: Llama-3-8B's shape (meta-llama/Meta-Llama-3-8B config.json): the model of every bench cell.
+LLAMA_3_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+}
+PROMPT_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192)
+#: Decode steps timed: (batch, context tokens per sequence).
+DECODE_POINTS = ((1, 1024), (16, 1024), (64, 1024), (64, 4096))
+
+
+def _median_ms(torch, fn, warm_up: int, repeats: int) -> float:
+    """Median of ``repeats`` CUDA-event timings of ``fn()`` after ``warm_up`` untimed calls, ms."""
+    for _ in range(warm_up):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def _graphed_ms(torch, prefill, tokens, warm_up: int, repeats: int) -> float:
+    """:func:`_median_ms` of ``prefill(tokens)`` replayed from a captured CUDA graph (no launch cost
+    per operator, as an engine's graphs); NaN when the forward pass cannot be captured."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            prefill(tokens)  # warm-up on the side stream, as capture requires
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            prefill(tokens)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        print(f"CUDA graph capture failed: {type(exc).__name__}: {exc}")
+        return float("nan")
+    return _median_ms(torch, graph.replay, warm_up, repeats)
+
+
+def _decode_ms(torch, model, batch: int, context: int, warm_up: int, repeats: int) -> tuple[float, float]:
+    """One decode step of ``batch`` sequences holding ``context`` tokens each: (eager, CUDA graph) medians, ms.
+
+    The model's own layers, one token per sequence: RMSNorm, the Q/K/V and output projections,
+    attention reading ``context`` cached K/V rows per sequence and layer (random, preallocated;
+    the new token's K/V is computed but not appended, and rotary embedding is left out: neither
+    changes the bytes read), the MLP, and the LM head. Grouped-query attention is computed as each
+    KV head attending with its 4 query heads stacked as 4 query rows (the same arithmetic, in one
+    standard ``scaled_dot_product_attention`` call)."""
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+    shape = (batch, kv_heads, context, head_dim)
+    keys = [torch.randn(shape, device="cuda") for _ in model.model.layers]
+    values = [torch.randn(shape, device="cuda") for _ in model.model.layers]
+    hidden = torch.randn(batch, 1, config.hidden_size, device="cuda")
+
+    def step(_=None):
+        x = hidden
+        for layer, k, v in zip(model.model.layers, keys, values, strict=True):
+            h = layer.input_layernorm(x)
+            attention = layer.self_attn
+            q = attention.q_proj(h).view(batch, kv_heads, heads // kv_heads, head_dim)
+            attention.k_proj(h), attention.v_proj(h)
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            x = x + attention.o_proj(o.reshape(batch, 1, config.hidden_size))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return model.lm_head(model.model.norm(x))
+
+    return _median_ms(torch, step, warm_up, repeats), _graphed_ms(torch, step, None, warm_up, repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--warm-up", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    left, right = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    gemm_ms = _median_ms(torch, lambda: left @ right, args.warm_up, args.repeats)
+
+    config = LlamaConfig(**LLAMA_3_8B, attn_implementation="sdpa")
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config)
+    model.eval()
+
+    def prefill(tokens: torch.Tensor) -> torch.Tensor:
+        hidden = model.model(input_ids=tokens, use_cache=False).last_hidden_state
+        return model.lm_head(hidden[:, -1:])
+
+    prefill_ms, graphed_ms = {}, {}
+    with torch.inference_mode():
+        for length in PROMPT_TOKENS:
+            tokens = torch.randint(0, config.vocab_size, (1, length), device="cuda")
+            prefill_ms[length] = _median_ms(torch, lambda t=tokens: prefill(t), args.warm_up, args.repeats)
+            graphed_ms[length] = _graphed_ms(torch, prefill, tokens, args.warm_up, args.repeats)
+            print(f"prefill {length:5d} tokens: eager {prefill_ms[length]:8.2f} ms, graph {graphed_ms[length]:8.2f} ms")
+        decode_ms = {}
+        for batch, context in DECODE_POINTS:
+            key = f"{batch}x{context}"
+            decode_ms[key] = _decode_ms(torch, model, batch, context, args.warm_up, args.repeats)
+            print(f"decode step {batch} × {context}: eager / graph {decode_ms[key]} ms")
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "gemm_tflops": 2 * 8192**3 / (gemm_ms / 1e3) / 1e12,
+        "prefill_ms": prefill_ms,
+        "prefill_cuda_graph_ms": graphed_ms,
+        "decode_step_ms": decode_ms,
+    }
+    print(json.dumps(result))
+    args.out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
