@@ -1,5 +1,5 @@
-"""Prefill times of a random-weight Llama-3-8B on a real GPU, to check the step-time model on a GPU it has
-no measured profile for (``docs/step-time-model.md``, "A GPU measured on nothing").
+"""Prefill and decode step times of a random-weight Llama-3-8B on a real GPU, to check the step-time model
+on a GPU it has no measured profile for (``docs/step-time-model.md``, "The H200, measured once").
 
 Run on a machine with an NVIDIA GPU, PyTorch and transformers (not collected by pytest; the device
 machine of ``../.library/device``)::
@@ -13,11 +13,10 @@ the time of a dense forward pass does not depend on their values. Each length is
 events, ``--repeats`` times after ``--warm-up`` runs, and the median kept; then again replayed
 from a captured CUDA graph, which removes the launch cost per operator.
 
-What it is not: a vLLM step. PyTorch runs the layers eagerly (one kernel launch per operator, no
-CUDA graph, no fused RMSNorm or rotary kernels), so it is an upper bound of what an engine's
-prefill takes on the same GPU, close to it where the GEMMs dominate (long prompts) and further
-from it on short ones, where launches weigh more. A dense bf16 GEMM of 8192³ is timed too, for
-the GPU's reachable FLOP/s.
+What it is not: a vLLM step. Eagerly, PyTorch launches one kernel per operator; the graph replay
+removes that, but neither has an engine's fused RMSNorm and rotary kernels. So it is close to an
+engine's prefill where the GEMMs dominate (long prompts) and further from it on short ones. A
+dense bf16 GEMM of 8192³ is timed too, for the GPU's reachable FLOP/s.
 
 Decode steps: ``batch`` sequences of ``context`` tokens each, one token per sequence, through the
 model's own layers reading preallocated K/V (:func:`_decode_ms`), eager and from a CUDA graph.
@@ -33,18 +32,20 @@ import json
 import statistics
 from pathlib import Path
 
-#: Llama-3-8B's shape (meta-llama/Meta-Llama-3-8B config.json): the model of every bench cell.
-LLAMA_3_8B = {
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "rope_theta": 500000.0,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-}
+#: Llama-3-8B's shape, the model of every bench cell: the bundled config kvcost's step-time model reads
+#: (read as a file, so that the script runs where kvcost is not installed).
+MODEL_CONFIG = Path(__file__).resolve().parents[2] / "data" / "bundled" / "model_configs" / "llama-3-8b.json"
+#: Config fields transformers' ``LlamaConfig`` takes from it (the rest are kvcost's or informative).
+SHAPE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+)
 PROMPT_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192)
 #: Decode steps timed: (batch, context tokens per sequence).
 DECODE_POINTS = ((1, 1024), (16, 1024), (64, 1024), (64, 4096))
@@ -129,7 +130,8 @@ def main() -> None:
     left, right = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     gemm_ms = _median_ms(torch, lambda: left @ right, args.warm_up, args.repeats)
 
-    config = LlamaConfig(**LLAMA_3_8B, attn_implementation="sdpa")
+    shape = json.loads(MODEL_CONFIG.read_text())
+    config = LlamaConfig(**{k: shape[k] for k in SHAPE_FIELDS}, attn_implementation="sdpa")
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
         model = LlamaForCausalLM(config)
