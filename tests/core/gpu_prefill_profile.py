@@ -18,11 +18,15 @@ removes that, but neither has an engine's fused RMSNorm and rotary kernels. So i
 engine's prefill where the GEMMs dominate (long prompts) and further from it on short ones. A
 dense bf16 GEMM of 8192³ is timed too, for the GPU's reachable FLOP/s.
 
+Prefills after a cached prefix: ``new`` tokens attending to ``cached + new`` K/V rows
+(:func:`_cached_prefill_ms`), what a cache hit leaves to compute, eager and from a CUDA graph.
+
 Decode steps: ``batch`` sequences of ``context`` tokens each, one token per sequence, through the
 model's own layers reading preallocated K/V (:func:`_decode_ms`), eager and from a CUDA graph.
 
 Output: JSON ``{"gpu", "torch", "gemm_tflops", "prefill_ms": {L: median}, "prefill_cuda_graph_ms":
-{L: median}, "decode_step_ms": {"BxC": [eager, graph]}}``.
+{L: median}, "prefill_after_cached_ms": {"N+C": [eager, graph]}, "decode_step_ms": {"BxC": [eager,
+graph]}}``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ SHAPE_FIELDS = (
     "tie_word_embeddings",
 )
 PROMPT_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192)
+#: Prefills after a cached prefix timed: (new tokens, cached tokens).
+CACHED_POINTS = ((512, 0), (512, 2048), (512, 8192), (2048, 6144))
 #: Decode steps timed: (batch, context tokens per sequence).
 DECODE_POINTS = ((1, 1024), (16, 1024), (64, 1024), (64, 4096))
 
@@ -116,6 +122,43 @@ def _decode_ms(torch, model, batch: int, context: int, warm_up: int, repeats: in
     return _median_ms(torch, step, warm_up, repeats), _graphed_ms(torch, step, None, warm_up, repeats)
 
 
+def _cached_prefill_ms(torch, model, new: int, cached: int, warm_up: int, repeats: int) -> tuple[float, float]:
+    """The prefill of ``new`` tokens after ``cached`` tokens of its prefix are in the KV cache, one request:
+    (eager, CUDA graph) medians, ms.
+
+    The model's own layers over the ``new`` tokens; each layer's attention reads ``cached + new`` K/V
+    rows (random, preallocated), query ``i`` seeing rows ``≤ cached + i`` (a boolean mask); each KV head
+    attends with its group of query heads stacked as query rows, as in :func:`_decode_ms`. Rotary
+    embedding is left out, as there."""
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+    rows = cached + new
+    keys = [torch.randn(1, kv_heads, rows, head_dim, device="cuda") for _ in model.model.layers]
+    values = [torch.randn(1, kv_heads, rows, head_dim, device="cuda") for _ in model.model.layers]
+    group = heads // kv_heads
+    visible = torch.arange(rows, device="cuda")[None, :] <= cached + torch.arange(new, device="cuda")[:, None]
+    grouped_visible = visible.repeat(group, 1)  # the query rows of each KV head's group, group-major
+    hidden = torch.randn(1, new, config.hidden_size, device="cuda")
+
+    def chunk(_=None):
+        x = hidden
+        for layer, k, v in zip(model.model.layers, keys, values, strict=True):
+            h = layer.input_layernorm(x)
+            attention = layer.self_attn
+            q = attention.q_proj(h).view(1, new, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+            attention.k_proj(h), attention.v_proj(h)
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q.reshape(1, kv_heads, group * new, head_dim), k, v, attn_mask=grouped_visible
+            )
+            o = o.view(1, kv_heads, group, new, head_dim).permute(0, 3, 1, 2, 4)
+            x = x + attention.o_proj(o.reshape(1, new, config.hidden_size))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return model.lm_head(model.model.norm(x[:, -1:]))
+
+    return _median_ms(torch, chunk, warm_up, repeats), _graphed_ms(torch, chunk, None, warm_up, repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
@@ -148,6 +191,11 @@ def main() -> None:
             prefill_ms[length] = _median_ms(torch, lambda t=tokens: prefill(t), args.warm_up, args.repeats)
             graphed_ms[length] = _graphed_ms(torch, prefill, tokens, args.warm_up, args.repeats)
             print(f"prefill {length:5d} tokens: eager {prefill_ms[length]:8.2f} ms, graph {graphed_ms[length]:8.2f} ms")
+        cached_ms = {}
+        for new, cached in CACHED_POINTS:
+            key = f"{new}+{cached}"
+            cached_ms[key] = _cached_prefill_ms(torch, model, new, cached, args.warm_up, args.repeats)
+            print(f"prefill {new} tokens after {cached} cached: eager / graph {cached_ms[key]} ms")
         decode_ms = {}
         for batch, context in DECODE_POINTS:
             key = f"{batch}x{context}"
@@ -159,6 +207,7 @@ def main() -> None:
         "gemm_tflops": 2 * 8192**3 / (gemm_ms / 1e3) / 1e12,
         "prefill_ms": prefill_ms,
         "prefill_cuda_graph_ms": graphed_ms,
+        "prefill_after_cached_ms": cached_ms,
         "decode_step_ms": decode_ms,
     }
     print(json.dumps(result))
