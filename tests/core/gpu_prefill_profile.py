@@ -19,10 +19,10 @@ engine's prefill where the GEMMs dominate (long prompts) and further from it on 
 dense bf16 GEMM of 8192³ is timed too, for the GPU's reachable FLOP/s.
 
 Prefills after a cached prefix: ``new`` tokens attending to ``cached + new`` K/V rows
-(:func:`_cached_prefill_ms`), what a cache hit leaves to compute, eager and from a CUDA graph.
+(:func:`_layers_ms`), what a cache hit leaves to compute, eager and from a CUDA graph.
 
 Decode steps: ``batch`` sequences of ``context`` tokens each, one token per sequence, through the
-model's own layers reading preallocated K/V (:func:`_decode_ms`), eager and from a CUDA graph.
+model's own layers reading preallocated K/V (:func:`_layers_ms`), eager and from a CUDA graph.
 
 Output: JSON ``{"gpu", "torch", "gemm_tflops", "prefill_ms": {L: median}, "prefill_cuda_graph_ms":
 {L: median}, "prefill_after_cached_ms": {"N+C": [eager, graph]}, "decode_step_ms": {"BxC": [eager,
@@ -72,91 +72,64 @@ def _median_ms(torch, fn, warm_up: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def _graphed_ms(torch, prefill, tokens, warm_up: int, repeats: int) -> float:
-    """:func:`_median_ms` of ``prefill(tokens)`` replayed from a captured CUDA graph (no launch cost
-    per operator, as an engine's graphs); NaN when the forward pass cannot be captured."""
+def _graphed_ms(torch, fn, warm_up: int, repeats: int) -> float:
+    """:func:`_median_ms` of ``fn()`` replayed from a captured CUDA graph (no launch cost per operator,
+    as an engine's graphs); NaN when it cannot be captured."""
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            prefill(tokens)  # warm-up on the side stream, as capture requires
+            fn()  # warm-up on the side stream, as capture requires
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            prefill(tokens)
+            fn()
     except (RuntimeError, TypeError, ValueError) as exc:
         print(f"CUDA graph capture failed: {type(exc).__name__}: {exc}")
         return float("nan")
     return _median_ms(torch, graph.replay, warm_up, repeats)
 
 
-def _decode_ms(torch, model, batch: int, context: int, warm_up: int, repeats: int) -> tuple[float, float]:
-    """One decode step of ``batch`` sequences holding ``context`` tokens each: (eager, CUDA graph) medians, ms.
+def _layers_ms(torch, model, batch: int, new: int, cached: int, warm_up: int, repeats: int) -> tuple[float, float]:
+    """One step of ``batch`` sequences computing ``new`` tokens each after ``cached`` tokens in the KV cache:
+    (eager, CUDA graph) medians, ms. A decode step is ``new`` = 1; a prefill after a cached prefix is
+    ``batch`` = 1.
 
-    The model's own layers, one token per sequence: RMSNorm, the Q/K/V and output projections,
-    attention reading ``context`` cached K/V rows per sequence and layer (random, preallocated;
-    the new token's K/V is computed but not appended, and rotary embedding is left out: neither
-    changes the bytes read), the MLP, and the LM head. Grouped-query attention is computed as each
-    KV head attending with its 4 query heads stacked as 4 query rows (the same arithmetic, in one
-    standard ``scaled_dot_product_attention`` call)."""
+    The model's own layers over the new tokens: RMSNorm, the Q/K/V and output projections, attention
+    reading ``cached + new`` K/V rows per sequence and layer (random, preallocated; the new tokens' K/V
+    is computed but not written, and rotary embedding is left out: neither changes the bytes read or
+    the FLOPs much), the MLP, and the LM head on the last token. Grouped-query attention: each KV head
+    attends with its group of query heads stacked as query rows (the same arithmetic, in one standard
+    ``scaled_dot_product_attention`` call); with several new tokens, query ``i`` sees rows ``≤ cached
+    + i`` through a boolean mask (which sends PyTorch to its memory-efficient kernel, not the flash
+    one); with one new token no mask is needed."""
     config = model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = config.hidden_size // heads
-    shape = (batch, kv_heads, context, head_dim)
-    keys = [torch.randn(shape, device="cuda") for _ in model.model.layers]
-    values = [torch.randn(shape, device="cuda") for _ in model.model.layers]
-    hidden = torch.randn(batch, 1, config.hidden_size, device="cuda")
+    head_dim, group, rows = config.hidden_size // heads, heads // kv_heads, cached + new
+    keys = [torch.randn(batch, kv_heads, rows, head_dim, device="cuda") for _ in model.model.layers]
+    values = [torch.randn(batch, kv_heads, rows, head_dim, device="cuda") for _ in model.model.layers]
+    visible = None
+    if new > 1:  # the query rows of each KV head's group, group-major
+        visible = torch.arange(rows, device="cuda")[None, :] <= cached + torch.arange(new, device="cuda")[:, None]
+        visible = visible.repeat(group, 1)
+    hidden = torch.randn(batch, new, config.hidden_size, device="cuda")
 
-    def step(_=None):
+    def step():
         x = hidden
         for layer, k, v in zip(model.model.layers, keys, values, strict=True):
             h = layer.input_layernorm(x)
             attention = layer.self_attn
-            q = attention.q_proj(h).view(batch, kv_heads, heads // kv_heads, head_dim)
-            attention.k_proj(h), attention.v_proj(h)
-            o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-            x = x + attention.o_proj(o.reshape(batch, 1, config.hidden_size))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return model.lm_head(model.model.norm(x))
-
-    return _median_ms(torch, step, warm_up, repeats), _graphed_ms(torch, step, None, warm_up, repeats)
-
-
-def _cached_prefill_ms(torch, model, new: int, cached: int, warm_up: int, repeats: int) -> tuple[float, float]:
-    """The prefill of ``new`` tokens after ``cached`` tokens of its prefix are in the KV cache, one request:
-    (eager, CUDA graph) medians, ms.
-
-    The model's own layers over the ``new`` tokens; each layer's attention reads ``cached + new`` K/V
-    rows (random, preallocated), query ``i`` seeing rows ``≤ cached + i`` (a boolean mask); each KV head
-    attends with its group of query heads stacked as query rows, as in :func:`_decode_ms`. Rotary
-    embedding is left out, as there."""
-    config = model.config
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = config.hidden_size // heads
-    rows = cached + new
-    keys = [torch.randn(1, kv_heads, rows, head_dim, device="cuda") for _ in model.model.layers]
-    values = [torch.randn(1, kv_heads, rows, head_dim, device="cuda") for _ in model.model.layers]
-    group = heads // kv_heads
-    visible = torch.arange(rows, device="cuda")[None, :] <= cached + torch.arange(new, device="cuda")[:, None]
-    grouped_visible = visible.repeat(group, 1)  # the query rows of each KV head's group, group-major
-    hidden = torch.randn(1, new, config.hidden_size, device="cuda")
-
-    def chunk(_=None):
-        x = hidden
-        for layer, k, v in zip(model.model.layers, keys, values, strict=True):
-            h = layer.input_layernorm(x)
-            attention = layer.self_attn
-            q = attention.q_proj(h).view(1, new, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+            q = attention.q_proj(h).view(batch, new, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
             attention.k_proj(h), attention.v_proj(h)
             o = torch.nn.functional.scaled_dot_product_attention(
-                q.reshape(1, kv_heads, group * new, head_dim), k, v, attn_mask=grouped_visible
+                q.reshape(batch, kv_heads, group * new, head_dim), k, v, attn_mask=visible
             )
-            o = o.view(1, kv_heads, group, new, head_dim).permute(0, 3, 1, 2, 4)
-            x = x + attention.o_proj(o.reshape(1, new, config.hidden_size))
+            o = o.view(batch, kv_heads, group, new, head_dim).permute(0, 3, 1, 2, 4)
+            x = x + attention.o_proj(o.reshape(batch, new, config.hidden_size))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return model.lm_head(model.model.norm(x[:, -1:]))
 
-    return _median_ms(torch, chunk, warm_up, repeats), _graphed_ms(torch, chunk, None, warm_up, repeats)
+    return _median_ms(torch, step, warm_up, repeats), _graphed_ms(torch, step, warm_up, repeats)
 
 
 def main() -> None:
@@ -189,17 +162,17 @@ def main() -> None:
         for length in PROMPT_TOKENS:
             tokens = torch.randint(0, config.vocab_size, (1, length), device="cuda")
             prefill_ms[length] = _median_ms(torch, lambda t=tokens: prefill(t), args.warm_up, args.repeats)
-            graphed_ms[length] = _graphed_ms(torch, prefill, tokens, args.warm_up, args.repeats)
+            graphed_ms[length] = _graphed_ms(torch, lambda t=tokens: prefill(t), args.warm_up, args.repeats)
             print(f"prefill {length:5d} tokens: eager {prefill_ms[length]:8.2f} ms, graph {graphed_ms[length]:8.2f} ms")
         cached_ms = {}
         for new, cached in CACHED_POINTS:
             key = f"{new}+{cached}"
-            cached_ms[key] = _cached_prefill_ms(torch, model, new, cached, args.warm_up, args.repeats)
+            cached_ms[key] = _layers_ms(torch, model, 1, new, cached, args.warm_up, args.repeats)
             print(f"prefill {new} tokens after {cached} cached: eager / graph {cached_ms[key]} ms")
         decode_ms = {}
         for batch, context in DECODE_POINTS:
             key = f"{batch}x{context}"
-            decode_ms[key] = _decode_ms(torch, model, batch, context, args.warm_up, args.repeats)
+            decode_ms[key] = _layers_ms(torch, model, batch, 1, context, args.warm_up, args.repeats)
             print(f"decode step {batch} × {context}: eager / graph {decode_ms[key]} ms")
     result = {
         "gpu": torch.cuda.get_device_name(),
