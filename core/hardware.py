@@ -316,8 +316,13 @@ class StepTimeModel:
         attends to all context tokens and, causally, to the new tokens up to itself.
         Cached (reused) prefix tokens count as context.
         """
-        pairs = new_tokens * (context_tokens + (new_tokens + 1) / 2)
-        return float(self._attention_flops_per_token_pair * pairs)
+        return self.attention_flops_of_pairs(new_tokens * (context_tokens + (new_tokens + 1) / 2))
+
+    def attention_flops_of_pairs(self, token_pairs: float) -> float:
+        """Attention FLOPs (QK^T and AV) of ``token_pairs`` (query, key) pairs, all layers: 4 × layers
+        × q_heads × head_dim per pair. A sum of :meth:`prefill_attention_flops`' pair counts gives
+        the FLOPs of several prefills at once (the work queued ahead of a request)."""
+        return float(self._attention_flops_per_token_pair * token_pairs)
 
     def attention_s(self, prefill_flops: float, decode_context_tokens: int) -> float:
         """Seconds of attention in one step.

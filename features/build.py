@@ -82,7 +82,8 @@ def feature_columns(
         ratio = np.divide(recent, nominal, out=np.ones(n), where=nominal > 0)
     block_bytes = np.array([m.model.kv_bytes_per_token * block_size for m in models], dtype=np.int64)
     load_bytes, disk_bytes, transfer_bytes, conversion = _plan_columns(plans, n, block_bytes)
-    per_candidate = (uncached, reuse, deficit, load_bytes, disk_bytes, transfer_bytes, conversion)
+    queued = snap["queued_prefill_tokens"].astype(np.int64)
+    per_candidate = (uncached, reuse, deficit, queued, load_bytes, disk_bytes, transfer_bytes, conversion)
     queue_s, prefill_s, kv_wait, lookup_s, transfer_s = _nominal_columns(
         request, snapshots, models, costs, per_candidate
     )
@@ -172,7 +173,7 @@ def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candid
     """
     blocks = len(request.block_hashes)
     rows, kv_workers = [], []
-    for s, model, uncached, reuse, deficit, load, disk, fetched, conversion in zip(
+    for s, model, uncached, reuse, deficit, queued, load, disk, fetched, conversion in zip(
         snapshots, models, *(column.tolist() for column in per_candidate), strict=True
     ):
         queue_s, prefill_s = queue_and_prefill_s(
@@ -185,7 +186,7 @@ def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candid
                 deficit,
                 s.running_requests,
                 s.decode_context_tokens,
-                s.queued_prefill_tokens,
+                queued,
                 held_blocks,
                 s.running_output_tokens,
             )

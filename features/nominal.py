@@ -553,10 +553,11 @@ def queue_and_prefill_s(
     chunk_tokens = max(1, budget - running_requests)
     fixed_s = step_model.attention_s(0.0, decode_context_tokens) + step_model.step_overhead_s
     full_step_s = step_model.nonattention_s(budget) + fixed_s
-    ahead_tokens = sum(r for r, _ in waiting_prefill)
-    ahead_attention_s = sum(
-        step_model.attention_s(step_model.prefill_attention_flops(r, c), 0) for r, c in waiting_prefill
-    )
+    ahead_tokens, ahead_pairs = 0, 0.0
+    for remaining, context in waiting_prefill:  # one pass: this runs per candidate of every decision
+        ahead_tokens += remaining
+        ahead_pairs += remaining * (context + (remaining + 1) / 2)
+    ahead_attention_s = step_model.attention_s(step_model.attention_flops_of_pairs(ahead_pairs), 0)
     own_attention_s = step_model.attention_s(step_model.prefill_attention_flops(uncached_tokens, reusable_tokens), 0)
     work_tokens = ahead_tokens + uncached_tokens
     full_steps, tail_tokens = divmod(work_tokens, chunk_tokens)

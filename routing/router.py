@@ -378,11 +378,9 @@ class Router:
         self, request: RouteRequest, snapshots, namespaces: list[Namespace], now_s: float
     ) -> list[DirectoryMatch]:
         """Directory match per candidate, each in its own KV layout's namespace (``namespaces``, per candidate)."""
-        by_namespace: dict[Namespace, list[int]] = {}
-        for snapshot, namespace in zip(snapshots, namespaces, strict=True):
-            by_namespace.setdefault(namespace, []).append(snapshot.worker_id)
         found: dict[int, DirectoryMatch] = {}
-        for namespace, ids in by_namespace.items():
+        for namespace, indices in _grouped(namespaces, range(len(snapshots))):
+            ids = [snapshots[i].worker_id for i in indices]
             for match in self.directory.match(namespace, request.block_hashes, ids, now_s):
                 found[match.worker_id] = match
         return [found[s.worker_id] for s in snapshots]
@@ -400,16 +398,19 @@ class Router:
         if self.in_flight is None:
             return [0] * len(matches)
         self.in_flight.expire(now_s)
-        blocks = []
-        for match, namespace in zip(matches, namespaces, strict=True):
+        known = []
+        for i, match in enumerate(matches):
             clears = self.directory.clears(match.worker_id)
             if self._clears_seen.get(match.worker_id, 0) != clears:
                 self.in_flight.forget_worker(match.worker_id)
                 self._clears_seen[match.worker_id] = clears
-            if self.directory.is_unknown(match.worker_id):
-                blocks.append(0)
-                continue
-            blocks.append(self.in_flight.match(namespace, request.block_hashes, [match.worker_id])[0])
+            if not self.directory.is_unknown(match.worker_id):
+                known.append(i)
+        blocks = [0] * len(matches)
+        for namespace, indices in _grouped(namespaces, known):
+            ids = [matches[i].worker_id for i in indices]
+            for i, n in zip(indices, self.in_flight.match(namespace, request.block_hashes, ids), strict=True):
+                blocks[i] = n
         return blocks
 
     def _plans(
@@ -566,3 +567,15 @@ class Router:
             self._window_tokens[old_worker] -= old_tokens
         self._window.append((worker_id, tokens))
         self._window_tokens[worker_id] = self._window_tokens.get(worker_id, 0) + tokens
+
+
+def _grouped(namespaces: Sequence[Namespace], indices) -> list[tuple[Namespace, list[int]]]:
+    """The candidate ``indices`` grouped by their namespace (``namespaces[i]``), in first-seen order,
+    so that the directory and the in-flight index are read once per namespace. Grouped by identity
+    (a decision's candidates share the request's namespace object; an equal copy only costs one
+    more read), because hashing a :class:`Namespace` per candidate costs more than the read."""
+    groups: dict[int, tuple[Namespace, list[int]]] = {}
+    for i in indices:
+        namespace = namespaces[i]
+        groups.setdefault(id(namespace), (namespace, []))[1].append(i)
+    return list(groups.values())

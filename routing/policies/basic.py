@@ -142,20 +142,21 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: float | None = None) ->
     block_size = request.namespace.block_size_tokens
     hold_tokens = ctx.remaining_decode_tokens if hold_tokens is None else hold_tokens
     price = np.zeros(len(ctx.snapshots))
-    waiting = sum(s.waiting_requests for s in ctx.snapshots)
+    waiting_counts = [len(s.waiting_prefill) for s in ctx.snapshots]
+    waiting = sum(waiting_counts)
     if waiting == 0:
         return price
-    pressure = memory_pressure(ctx)
+    pressure = memory_pressure(ctx).tolist()
     typical_blocks = sum(s.waiting_prompt_blocks for s in ctx.snapshots) / waiting
     new_blocks = [blocks_to_allocate(request.input_tokens, reuse, block_size) for reuse in ctx.reusable_tokens.tolist()]
     fewest_blocks = min(new_blocks)
-    for i, s in enumerate(ctx.snapshots):
-        if s.kv_capacity_blocks <= 0 or s.waiting_requests == 0 or pressure[i] == 0:
+    for i, (s, n_waiting) in enumerate(zip(ctx.snapshots, waiting_counts, strict=True)):
+        if s.kv_capacity_blocks <= 0 or n_waiting == 0 or pressure[i] == 0:
             continue
         batch_context = s.decode_context_tokens + request.input_tokens
         step_s = ctx.step_models[s.gpu].step_s(s.running_requests + 1, 0.0, batch_context)
         held_blocks = typical_blocks + new_blocks[i] - fewest_blocks
-        price[i] = pressure[i] * held_blocks * hold_tokens * step_s / s.kv_capacity_blocks * s.waiting_requests
+        price[i] = pressure[i] * held_blocks * hold_tokens * step_s / s.kv_capacity_blocks * n_waiting
     return price
 
 
