@@ -38,10 +38,16 @@ class SentLoad:
 
     Keys are the gateway's request ids. Every method ignores an unknown key (a request
     already finished), so the proxy's paths can call them without bookkeeping.
+
+    The requests are also kept per worker (in the order sent, which is FCFS): a route builds
+    every candidate's snapshot, and reading each worker's own requests costs O(requests in
+    flight) per route instead of O(workers × requests in flight). With 32 workers and 400
+    decoders each that was 410,000 entries visited per route.
     """
 
     def __init__(self) -> None:
         self._sent: dict[int, _Sent] = {}
+        self._by_worker: dict[int, dict[int, _Sent]] = {}
 
     def __len__(self) -> int:
         return len(self._sent)
@@ -56,7 +62,10 @@ class SentLoad:
             raise ValueError(
                 f"input_tokens = {input_tokens}, reusable_tokens = {reusable_tokens}, expected 0 ≤ reusable ≤ input"
             )
-        self._sent[request_id] = _Sent(worker_id, input_tokens - reusable_tokens, reusable_tokens)
+        self.finished(request_id)  # a retry re-routes an id: it leaves its first worker
+        sent = _Sent(worker_id, input_tokens - reusable_tokens, reusable_tokens)
+        self._sent[request_id] = sent
+        self._by_worker.setdefault(worker_id, {})[request_id] = sent
 
     def first_token(self, request_id: int) -> None:
         """The request's first token arrived: its prefill is done, it decodes now."""
@@ -73,14 +82,14 @@ class SentLoad:
 
     def finished(self, request_id: int) -> None:
         """The request ended (last token, error or cancel): it no longer loads its worker."""
-        self._sent.pop(request_id, None)
+        sent = self._sent.pop(request_id, None)
+        if sent is not None:
+            del self._by_worker[sent.worker_id][request_id]
 
     def counts(self, worker_id: int) -> tuple[int, int, int]:
         """``(waiting requests, decoding requests, prefill tokens queued)`` that the gateway sent to ``worker_id``."""
         waiting = decoding = tokens = 0
-        for sent in self._sent.values():
-            if sent.worker_id != worker_id:
-                continue
+        for sent in self._by_worker.get(worker_id, {}).values():
             if sent.decoding:
                 decoding += 1
             else:
@@ -110,7 +119,7 @@ class SentLoad:
         Returns:
             A :class:`WorkerSnapshot` for the router.
         """
-        own = [s for s in self._sent.values() if s.worker_id == worker_id]
+        own = self._by_worker.get(worker_id, {}).values()
         waiting = tuple((s.prefill_tokens, s.context_tokens) for s in own if not s.decoding)
         decoding = [s for s in own if s.decoding]
         context = sum(s.context_tokens + s.prefill_tokens + s.generated_tokens for s in decoding)

@@ -45,3 +45,15 @@ def test_the_scrape_adds_what_the_gateway_did_not_send_and_keeps_the_larger_coun
 def test_reuse_beyond_the_input_is_refused():
     with pytest.raises(ValueError, match="reusable_tokens = 11"):
         SentLoad().routed(1, 0, input_tokens=10, reusable_tokens=11)
+
+
+def test_a_request_routed_again_leaves_its_first_worker():
+    # a retry on the next-best candidate re-routes the same id
+    load = SentLoad()
+    load.routed(7, worker_id=0, input_tokens=100, reusable_tokens=0)
+    load.routed(8, worker_id=1, input_tokens=30, reusable_tokens=0)
+    load.routed(7, worker_id=1, input_tokens=100, reusable_tokens=64)
+    assert (load.counts(0), load.counts(1), len(load)) == ((0, 0, 0), (2, 0, 30 + 36), 2)
+    assert load.snapshot(1, "a100", None, 32).waiting_prefill == ((30, 0), (36, 64))  # FCFS: 7 is now last
+    load.finished(7)
+    assert (load.counts(1), len(load)) == ((1, 0, 30), 1)
