@@ -131,7 +131,10 @@ def print_bench(result: dict) -> None:
             f"{c['workers']} workers, {c['load']}: calibration reached {c['utilisation']:.1%} utilisation "
             f"(rate scale {c['rate_scale']:g}), not {c['target']:.0%} ± 3 points"
         )
-    console.print("best baseline: the lowest P99 of the nine anchor routers that ran (not kvcost's own policies)")
+    console.print(
+        "best baseline: the lowest P99 of the anchor routers that ran, of the nine "
+        "(not kvcost's own policies, least_loaded or round_robin)"
+    )
     console.print(f"report: {Path(result['out']) / 'bench.md'}")
 
 

@@ -58,8 +58,8 @@ def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str])
     parts += [
         f"Set-up: {header['trace']}, window {header['window']}, seed {header['seed']}, prefix cache on, "
         "A100-80GB workers serving Llama-3-8B. Utilisation is the share of time a worker had a request "
-        "waiting for its first token. The best baseline is the lowest P99 of the nine anchor routers that "
-        "ran (not kvcost's own policies, `least_loaded` or `round_robin`)." + _replays_note(header),
+        "waiting for its first token. The best baseline is the lowest P99 of the anchor routers that ran, of "
+        "the nine (not kvcost's own policies, `least_loaded` or `round_robin`)." + _replays_note(header),
         "",
         *[f"![{p}]({p})" for p in plots],
         "",
