@@ -142,7 +142,7 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: float | None = None) ->
     block_size = request.namespace.block_size_tokens
     hold_tokens = ctx.remaining_decode_tokens if hold_tokens is None else hold_tokens
     price = np.zeros(len(ctx.snapshots))
-    waiting_counts = [len(s.waiting_prefill) for s in ctx.snapshots]
+    waiting_counts = [s.waiting_requests for s in ctx.snapshots]
     waiting = sum(waiting_counts)
     if waiting == 0:
         return price
