@@ -76,6 +76,7 @@ class NodeTable:
     request_blocks: np.ndarray
     parent: np.ndarray = field(default=None)  # type: ignore[assignment]
     request_reused_blocks: np.ndarray = field(default=None)  # type: ignore[assignment]
+    block_hash: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         n = len(self.depth_blocks)
@@ -83,6 +84,8 @@ class NodeTable:
             object.__setattr__(self, "parent", np.full(n, -1, dtype=np.int64))
         if self.request_reused_blocks is None:
             object.__setattr__(self, "request_reused_blocks", np.zeros(n, dtype=np.int64))
+        if self.block_hash is None:
+            object.__setattr__(self, "block_hash", np.full(n, -1, dtype=np.int64))
         for f in fields(self):
             value = np.asarray(getattr(self, f.name))
             if value.shape != (n,):
@@ -116,12 +119,16 @@ class EvictionContext:
         reuse_model: ``cost_aware``'s classifier (anything with ``predict_proba(NodeTable, now_s) -> (n,)``),
             None = the recency prior of :func:`recency_prior`.
         flop_alpha: Marconi's α (weight of FLOP efficiency against recency), ≥ 0.
+        next_use: the future of a known trace (anything with ``next_use_s(block_hashes, now_s) -> (n,)``,
+            :class:`~kvcost.eviction.clairvoyant.NextUseTable`), read only by the ``clairvoyant``
+            reference; None everywhere else.
     """
 
     horizon_s: float = 300.0
     rerank_interval_s: float = 10.0
     reuse_model: object | None = None
     flop_alpha: float = 1.0
+    next_use: object | None = None
 
     def __post_init__(self) -> None:
         for name in ("horizon_s", "rerank_interval_s"):
@@ -143,6 +150,8 @@ class EvictionPolicy:
         pool_native: True = a simulated block pool runs the policy itself, exactly (``lru``:
             vLLM's ordered free-block queue), so it needs no :class:`~kvcost.eviction.index.EvictionIndex`.
         uses_reuse_model: True = the value needs ``context.reuse_model`` (P(reuse), ``cost_aware``).
+        reads_future: True = the value reads ``context.next_use``, the future of a known trace
+            (``clairvoyant``): an offline reference for replays, never offered by the service.
 
     Hooks (default no-ops) let stateful policies learn: :meth:`on_hit` when an idle
     block is reused, :meth:`on_evict` when one is evicted.
@@ -153,6 +162,7 @@ class EvictionPolicy:
     time_varying = False
     pool_native = False
     uses_reuse_model = False
+    reads_future = False
 
     def __init__(self, context: EvictionContext) -> None:
         self.context = context
@@ -258,6 +268,12 @@ def recency_prior(nodes: NodeTable, now_s: float, horizon_s: float) -> np.ndarra
     """
     idle_s = np.maximum(0.0, now_s - nodes.last_access_s)
     return np.exp(-idle_s / horizon_s)
+
+
+def deployable_policies() -> list[str]:
+    """Names of the registered policies that do not read the future (every one but ``clairvoyant``),
+    in registration order: what the service and an engine's cache may run."""
+    return [name for name in EVICTION_POLICIES if not EVICTION_POLICIES.get(name).reads_future]
 
 
 def make_eviction_policy(name: str, context: EvictionContext | None = None) -> EvictionPolicy:

@@ -67,6 +67,7 @@ class EvictionIndex:
         self.idle = np.zeros(n, dtype=bool)
         self.value = np.zeros(n)
         self.seq = np.zeros(n, dtype=np.int64)
+        self.block_hash = np.full(n, -1, dtype=np.int64)  # int hashes (the simulator's), for clairvoyant
         self._hash_of: list[Hashable | None] = [None] * n
         self._slot: dict[Hashable, int] = {}
         self._free_slots = list(range(n - 1, -1, -1))
@@ -80,6 +81,7 @@ class EvictionIndex:
         slot = self._free_slots.pop()
         self._slot[block_hash] = slot
         self._hash_of[slot] = block_hash
+        self.block_hash[slot] = block_hash if isinstance(block_hash, int) and 0 <= block_hash < 2**63 else -1
         parent = self._slot.get(parent_hash, -1) if parent_hash is not None else -1
         self.depth[slot], self.hits[slot], self.request_blocks[slot] = depth_blocks, 0, depth_blocks + 1
         self.request_reused[slot] = 0
@@ -187,6 +189,7 @@ class EvictionIndex:
             request_blocks=self.request_blocks[slots],
             parent=parent if parent is not None else np.full(n, -1, dtype=np.int64),
             request_reused_blocks=self.request_reused[slots],
+            block_hash=self.block_hash[slots],
         )
 
     def eviction_order(self, now_s: float | None = None) -> list[Hashable]:

@@ -37,7 +37,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kvcost.core.hardware import StepTimeModel
-from kvcost.eviction.base import EVICTION_POLICIES, EvictionContext, make_eviction_policy
+from kvcost.eviction.base import EvictionContext, deployable_policies, make_eviction_policy
 from kvcost.eviction.chunks import DEFAULT_CHAIN_WINDOW_S, DEFAULT_RERANK_INTERVAL_S, ChunkRanker
 from kvcost.eviction.prefill import flops_saved_table, prefill_saved_table
 from kvcost.models.predictors.analytic import AnalyticTermPredictor
@@ -70,8 +70,8 @@ def ranker_from_settings(settings: LMCachePolicySettings) -> ChunkRanker:
     Raises:
         ValueError: an unknown eviction policy, model or GPU (the message names the field and the choices).
     """
-    if settings.eviction not in EVICTION_POLICIES:
-        raise ValueError(f"eviction = {settings.eviction!r}, expected one of {sorted(EVICTION_POLICIES)}")
+    if settings.eviction not in deployable_policies():
+        raise ValueError(f"eviction = {settings.eviction!r}, expected one of {sorted(deployable_policies())}")
     step_model = StepTimeModel.for_hardware(settings.model, settings.gpu)
     saved_s = prefill_saved_table(_AnalyticPrefill(), step_model, settings.chunk_tokens, settings.max_depth_chunks)
     flops = flops_saved_table(step_model, settings.chunk_tokens, settings.max_depth_chunks)

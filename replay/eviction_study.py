@@ -55,7 +55,7 @@ from kvcost.core.plots import plot_eviction_study
 from kvcost.core.reporting import markdown_table, write_json
 from kvcost.data.store import LogStore
 from kvcost.data.traces import Trace, load_trace
-from kvcost.eviction import EVICTION_POLICIES, EvictionContext
+from kvcost.eviction import EVICTION_POLICIES, EvictionContext, NextUseTable
 from kvcost.models.reuse import (
     REUSE_MODELS,
     ReuseModel,
@@ -71,8 +71,8 @@ from kvcost.replay.reuse_refit import ReuseRefit
 from kvcost.replay.settings import DEFAULT_RATE_SCALE, DEFAULT_REFIT_EVERY_S, DEFAULT_TRACE
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
 
-#: Policies in report order.
-STUDY_POLICIES: tuple[str, ...] = ("lru", "lfu", "gdsf", "lhd", "flop_aware", "cost_aware")
+#: Policies in report order; ``clairvoyant`` is the offline reference (it reads the trace's future).
+STUDY_POLICIES: tuple[str, ...] = ("lru", "lfu", "gdsf", "lhd", "flop_aware", "cost_aware", "clairvoyant")
 #: Default cache sizes, fractions of the distinct blocks.
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5)
 #: Share of the window's trace time replayed to fit the reuse model (and warm every run).
@@ -220,6 +220,13 @@ def prefill_saved_s(result: ReplayResult, step_model: StepTimeModel) -> float:
     return total
 
 
+def next_use_table(trace: Trace) -> NextUseTable:
+    """Every request's full prompt blocks and arrival (the blocks a later request can hit), for ``clairvoyant``."""
+    size = trace.block_size_tokens
+    requests = trace.requests
+    return NextUseTable([r.arrival_s for r in requests], [r.block_hashes[: r.input_tokens // size] for r in requests])
+
+
 def run_policy(s: StudySettings, fraction: float, capacity_blocks: int, policy: str, model_dir: Path | None) -> dict:
     """Replay the whole window under ``policy``; measured after the split. Returns the result row."""
     started = time.perf_counter()
@@ -227,7 +234,10 @@ def run_policy(s: StudySettings, fraction: float, capacity_blocks: int, policy: 
     reuse_model, horizon_s = None, s.horizon_s or 300.0
     if EVICTION_POLICIES.get(policy).uses_reuse_model and model_dir is not None:
         reuse_model, horizon_s = study_reuse_model(model_dir)
-    context = EvictionContext(horizon_s=horizon_s, rerank_interval_s=s.rerank_interval_s, reuse_model=reuse_model)
+    next_use = next_use_table(trace) if EVICTION_POLICIES.get(policy).reads_future else None
+    context = EvictionContext(
+        horizon_s=horizon_s, rerank_interval_s=s.rerank_interval_s, reuse_model=reuse_model, next_use=next_use
+    )
     config = _config(s, capacity_blocks, policy, split_s(trace, s.train_fraction))
     refit = None
     if s.refit_every_s is not None and s.reuse_model == "cure" and EVICTION_POLICIES.get(policy).uses_reuse_model:
@@ -309,7 +319,7 @@ def run_study(s: StudySettings, out: Path, progress: Callable[[int], None] | Non
         "training": training,
         "wall_s": time.perf_counter() - started,
     }
-    result = {**header, "results": rows, "cost_aware_vs_lru": _gains(rows)}
+    result = {**header, "results": rows, "cost_aware_vs_lru": _gains(rows), "headroom": headroom(rows)}
     write_json(out / "eviction.json", result)
     plot_eviction_study(rows, out / "eviction.png", f"{s.trace}, {s.workers} workers, rate scale {s.rate_scale:g}")
     write_study_md(out / "eviction.md", result)
@@ -331,6 +341,31 @@ def _gains(rows: list[dict]) -> list[dict]:
                 }
             )
     return gains
+
+
+def headroom(rows: Sequence[dict]) -> list[dict]:
+    """Per cache size with a ``clairvoyant`` row: how far the online policies are from the offline reference.
+
+    ``best_other``: the online policy other than ``cost_aware`` that saved the most prefill seconds;
+    ``cost_aware_gain`` and ``clairvoyant_gain``: (policy − best other) ÷ best other (e.g. +0.05 =
+    5 % more); ``captured``: the share of that headroom ``cost_aware`` took, (cost_aware − best) ÷
+    (clairvoyant − best), NaN where the headroom is not positive. Empty without a ``clairvoyant`` row.
+    """
+    out = []
+    for fraction in sorted({r["cache_fraction"] for r in rows}):
+        at = {r["policy"]: r["prefill_saved_s"] for r in rows if r["cache_fraction"] == fraction}
+        others = {p: v for p, v in at.items() if p not in ("cost_aware", "clairvoyant")}
+        if "clairvoyant" not in at or not others or max(others.values()) <= 0:
+            continue
+        best = max(others, key=others.get)
+        row = {"cache_fraction": fraction, "best_other": best, "best_other_s": others[best]}
+        row["clairvoyant_gain"] = at["clairvoyant"] / others[best] - 1
+        if "cost_aware" in at:
+            row["cost_aware_gain"] = at["cost_aware"] / others[best] - 1
+            span = at["clairvoyant"] - others[best]
+            row["captured"] = (at["cost_aware"] - others[best]) / span if span > 0 else math.nan
+        out.append(row)
+    return out
 
 
 def study_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
@@ -369,6 +404,20 @@ def _fitted(training: dict) -> str:
     return "classifier fitted"
 
 
+def _headroom_lines(rows: list[dict]) -> str:
+    """One line per cache size of :func:`headroom`, for the report."""
+    lines = []
+    for h in rows:
+        line = f"- cache fraction {h['cache_fraction']:g}: clairvoyant {h['clairvoyant_gain']:+.1%} over the best other"
+        line += f" (`{h['best_other']}`, {h['best_other_s']:.1f} s)"
+        if "cost_aware_gain" in h:
+            line += f"; cost_aware {h['cost_aware_gain']:+.1%}"
+            if math.isfinite(h["captured"]):
+                line += f", {h['captured']:.0%} of the headroom"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def write_study_md(path: Path, result: dict) -> None:
     """The Markdown report: set-up, the table, cost_aware vs lru, the plot."""
     header, body = study_table(result["results"])
@@ -394,6 +443,8 @@ def write_study_md(path: Path, result: dict) -> None:
             f"cost_aware's P(reuse): `{result['reuse_model']}`.",
             markdown_table(header, body),
             "## cost_aware vs lru\n\n" + (gains or "(not run)"),
+            "## Against the clairvoyant reference (reads the future; not deployable)\n\n"
+            + (_headroom_lines(result.get("headroom", [])) or "(not run)"),
             "## reuse model\n\n" + (training or "(not trained)"),
             "![eviction](eviction.png)",
         ]

@@ -455,10 +455,11 @@ class EvictRankIn(BaseModel):
 
 
 def _eviction_policies() -> list[str]:
-    """The registered eviction policies' names (imported when first needed: the registry loads the models)."""
-    from kvcost.eviction import EVICTION_POLICIES
+    """The deployable eviction policies' names (imported when first needed: the registry loads the models);
+    the offline ``clairvoyant`` reference is not one."""
+    from kvcost.eviction import deployable_policies
 
-    return list(EVICTION_POLICIES)
+    return deployable_policies()
 
 
 class EvictNodeOut(BaseModel):

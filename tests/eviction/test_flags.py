@@ -12,10 +12,12 @@ from kvcost.replay.simulator import ClusterSimulator
 COSTS = BlockCostTable(np.array([0.1, 0.2]), np.array([1.0, 2.0]), size_bytes=1.0)
 
 
-def test_lru_is_the_pool_native_policy_and_cost_aware_the_one_with_a_reuse_model():
+def test_lru_is_the_pool_native_policy_cost_aware_the_one_with_a_reuse_model_clairvoyant_the_offline_one():
     assert [n for n in EVICTION_POLICIES if EVICTION_POLICIES.get(n).pool_native] == ["lru"]
     assert [n for n in EVICTION_POLICIES if EVICTION_POLICIES.get(n).uses_reuse_model] == ["cost_aware"]
-    assert [n for n in EVICTION_POLICIES if needs_index(n)] == ["cost_aware", "flop_aware", "gdsf", "lfu", "lhd"]
+    assert [n for n in EVICTION_POLICIES if EVICTION_POLICIES.get(n).reads_future] == ["clairvoyant"]
+    needing = ["clairvoyant", "cost_aware", "flop_aware", "gdsf", "lfu", "lhd"]
+    assert [n for n in EVICTION_POLICIES if needs_index(n)] == needing
     assert make_eviction_index("lru", EvictionContext(), COSTS, 8) is None
     assert make_eviction_index("lfu", EvictionContext(), COSTS, 8).policy.name == "lfu"
     with pytest.raises(KeyError, match="unknown eviction policy 'mru'"):

@@ -28,8 +28,8 @@ def table(**cols) -> NodeTable:
     return NodeTable(**(base | {k: np.asarray(v) for k, v in cols.items()}))
 
 
-def test_registry_has_the_six_policies_and_refuses_duplicates():
-    assert EVICTION_POLICIES.names() == ["cost_aware", "flop_aware", "gdsf", "lfu", "lhd", "lru"]
+def test_registry_has_the_seven_policies_and_refuses_duplicates():
+    assert EVICTION_POLICIES.names() == ["clairvoyant", "cost_aware", "flop_aware", "gdsf", "lfu", "lhd", "lru"]
     with pytest.raises(ValueError, match="duplicate eviction policy name 'lru'"):
         EVICTION_POLICIES.add("lru", object)
     with pytest.raises(KeyError, match="unknown eviction policy 'fifo'"):

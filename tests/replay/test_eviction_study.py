@@ -1,4 +1,4 @@
-"""``kvcost eviction-study``: a quick CLI run on a tiny window, setting checks; the full 4 × 6 study as a benchmark."""
+"""``kvcost eviction-study``: a quick CLI run on a tiny window, setting checks; the full 4 × 7 study as a benchmark."""
 
 import json
 import time
@@ -8,16 +8,59 @@ from typer.testing import CliRunner
 
 from kvcost.cli import app
 from kvcost.data.store import LogStore
+from kvcost.eviction import EvictionContext
 from kvcost.models.reuse_cure import CureReuseModel
+from kvcost.replay.config import ClusterConfig
 from kvcost.replay.eviction_study import (
     StudySettings,
     check_settings,
+    headroom,
+    next_use_table,
     run_study,
     study_horizon_s,
     study_reuse_model,
 )
+from kvcost.replay.simulator import ClusterSimulator
+from tests.replay.test_simulator import make_trace
 
 runner = CliRunner()
+
+
+def test_headroom_to_the_clairvoyant_reference_per_cache_size():
+    saved = {0.05: {"lru": 80.0, "gdsf": 100.0, "cost_aware": 125.0, "clairvoyant": 150.0}, 0.1: {"lru": 9.0}}
+    rows = [{"policy": p, "cache_fraction": f, "prefill_saved_s": v} for f, at in saved.items() for p, v in at.items()]
+    assert headroom(rows) == [
+        {
+            "cache_fraction": 0.05,
+            "best_other": "gdsf",
+            "best_other_s": 100.0,
+            "clairvoyant_gain": 0.5,
+            "cost_aware_gain": 0.25,
+            "captured": 0.5,
+        }
+    ]  # 0.1 has no clairvoyant row
+
+
+def test_clairvoyant_keeps_the_chain_asked_for_next_where_lru_keeps_the_recent_one():
+    """8 blocks of 16 tokens; chains A (1-3) and B (4-6) idle when C needs room. A returns first."""
+    trace = make_trace(
+        [
+            (0.0, 50, 1, (1, 2, 3, 100)),
+            (1.0, 50, 1, (4, 5, 6, 101)),
+            (2.0, 50, 1, (7, 8, 9, 102)),
+            (3.0, 50, 1, (1, 2, 3, 103)),
+            (4.0, 50, 1, (4, 5, 6, 104)),
+        ],
+        block_size_tokens=16,
+    )
+    future = next_use_table(trace)  # full blocks only: the partial last blocks 100-104 are never asked for
+    assert future.next_use_s([1, 4, 100], 0.5).tolist() == [3.0, 1.0, float("inf")]
+    reused = {}
+    for policy in ("lru", "clairvoyant"):
+        config = ClusterConfig(fleet=("a100",), jitter_sigma=0.0, kv_capacity_blocks=8, eviction_policy=policy)
+        result = ClusterSimulator(config, 16, eviction=EvictionContext(next_use=future)).run(trace)
+        reused[policy] = result.requests["actual_reuse_tokens"].tolist()
+    assert reused == {"lru": [0, 0, 0, 16, 16], "clairvoyant": [0, 0, 0, 48, 16]}
 
 
 def test_quick_study_through_the_cli(tmp_path):
@@ -51,7 +94,7 @@ def test_bad_settings_exit_2_with_the_reason(tmp_path):
     assert "--policies contains 'foo', expected registered eviction policies" in result.output
     assert "eviction study runs" not in result.output  # refused before any run starts
     with pytest.raises(
-        ValueError, match="policies contains 'mru', expected registered eviction policies: cost_aware, flop_aware"
+        ValueError, match="policies contains 'mru', expected registered eviction policies: clairvoyant, cost_aware"
     ):
         check_settings(StudySettings(policies=("mru",)))
     with pytest.raises(ValueError, match="reuse_model = 'xgb'"):
@@ -92,7 +135,7 @@ def test_bench_full_eviction_study(tmp_path):
     started = time.perf_counter()
     result = run_study(StudySettings(jobs=2), tmp_path)
     wall_s = time.perf_counter() - started
-    print(f"\neviction study 4 × 6 on the whole trace: {wall_s:.0f} s wall")
+    print(f"\neviction study 4 × 7 on the whole trace: {wall_s:.0f} s wall")
     for r in result["results"]:
         print(
             f"{r['cache_fraction']:>5g} {r['policy']:>11} hit {r['hit_ratio']:.3f} "

@@ -70,6 +70,9 @@ def test_unknown_policy_is_a_422_naming_the_field(client):
     message = answer.json()["message"]
     assert message.startswith("policy: unknown eviction policy 'fifo', expected one of")
     assert "Value error" not in message and "got 'fifo'" not in message  # the value is named once
+    offline = client.post("/v1/evict/rank", json={"policy": "clairvoyant", "now_s": 0.0, "nodes": []})
+    assert offline.status_code == 422  # the offline reference reads a trace's future: never served
+    assert offline.json()["message"].startswith("policy: unknown eviction policy 'clairvoyant', expected one of")
 
 
 def test_bad_node_fields_are_422s_naming_the_field(client):
