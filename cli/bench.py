@@ -13,6 +13,7 @@ from rich.table import Table
 from kvcost.cli.common import PROGRESS_COLUMNS, console, guard
 from kvcost.cli.options import with_settings
 from kvcost.cli.tables import BENCH
+from kvcost.data.traces import check_trace_name
 from kvcost.replay.runner import bench_policies, execute_bench, parse_rate_scales
 from kvcost.replay.sensitivity import execute_sensitivity, sensitivity_traces
 from kvcost.replay.settings import ReplaySettings
@@ -60,6 +61,7 @@ def bench(
                 f"rate_scales = {rate_scales!r} with --sensitivity, expected none (each variant calibrates its own)"
             )
         given = parse_rate_scales(rate_scales, size_list) if rate_scales is not None else None
+        check_trace_name(settings.trace)
         return size_list, bench_policies([p.strip() for p in policies.split(",")] if policies else None), given
 
     size_list, names, given = guard(parse)

@@ -38,7 +38,14 @@ def eviction_study(
     jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = 2,
 ) -> None:
     """Every eviction policy at several what-if cache sizes: eviction.json, eviction.md, eviction.png."""
-    from kvcost.replay.eviction_study import STUDY_POLICIES, StudySettings, check_settings, run_study, study_table
+    from kvcost.replay.eviction_study import (
+        STUDY_POLICIES,
+        StudySettings,
+        check_settings,
+        headroom_lines,
+        run_study,
+        study_table,
+    )
 
     def parse() -> StudySettings:
         try:
@@ -78,4 +85,6 @@ def eviction_study(
             f"cache {gain['cache_fraction']:g}: cost_aware saves "
             f"{gain['prefill_saved_gain']:+.1%} prefill seconds vs lru"
         )
+    if result["headroom"]:
+        console.print(headroom_lines(result["headroom"]))
     console.print(f"report: {folder / 'eviction.md'} ({result['wall_s']:.0f} s)")

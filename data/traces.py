@@ -443,6 +443,24 @@ def _check_options(block_size_tokens: int, start_s: float, duration_s: float | N
         raise bad("duration_s", duration_s, "a finite number > 0 (omit it for the rest of the trace)")
 
 
+def check_trace_name(trace: str | Path) -> None:
+    """Check, without loading it, that ``trace`` names a bundled trace, a valid ``gen:`` workload or a file.
+
+    For commands that validate their options before starting work (the trace itself loads later).
+
+    Raises:
+        ValueError: the reason, which starts with ``trace`` (so a command names its option).
+    """
+    try:
+        if _is_generated(trace):
+            parse_workload_name(str(trace))
+        else:
+            _resolve(trace, None)
+    except (KeyError, ValueError, FileNotFoundError) as exc:
+        reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise ValueError(reason if reason.startswith("trace") else f"trace = {str(trace)!r}: {reason}") from None
+
+
 def _is_generated(trace: str | Path) -> bool:
     return isinstance(trace, str) and trace.startswith(GENERATED_PREFIX)
 

@@ -450,7 +450,11 @@ class EvictRankIn(BaseModel):
     @classmethod
     def _known_policy(cls, value: str) -> str:
         if value not in _eviction_policies():
-            raise ValueError(f"unknown eviction policy {value!r}, expected one of {', '.join(_eviction_policies())}")
+            if value in _offline_policies():
+                problem = f"{value!r} is an offline reference that reads a trace's future (kvcost eviction-study only)"
+            else:
+                problem = f"unknown eviction policy {value!r}"
+            raise ValueError(f"{problem}, expected one of {', '.join(_eviction_policies())}")
         return value
 
 
@@ -460,6 +464,13 @@ def _eviction_policies() -> list[str]:
     from kvcost.eviction import deployable_policies
 
     return deployable_policies()
+
+
+def _offline_policies() -> list[str]:
+    """The registered eviction policies that read a trace's future (``clairvoyant``): never served."""
+    from kvcost.eviction import EVICTION_POLICIES, deployable_policies
+
+    return [name for name in EVICTION_POLICIES if name not in deployable_policies()]
 
 
 class EvictNodeOut(BaseModel):

@@ -16,6 +16,7 @@ from kvcost.data.traces import (
     TraceFormatError,
     TraceRequest,
     bundled_trace_path,
+    check_trace_name,
     load_trace,
 )
 
@@ -406,3 +407,14 @@ def test_bundled_files_have_licences():
         assert (bundled_trace_path(name).parent / "LICENSE-SOURCE.txt").is_file()
     with pytest.raises(KeyError, match="unknown bundled trace 'x'"):
         bundled_trace_path("x")
+
+
+def test_check_trace_name_names_the_trace_without_loading_it(tmp_path):
+    for good in ("mooncake-conversation", "gen:mix", "gen:multi-turn:seed=1,think_time_mean_s=20"):
+        check_trace_name(good)
+    with pytest.raises(ValueError, match=r"^trace = 'gen:nope': unknown workload 'nope'; expected one of: agent, mix"):
+        check_trace_name("gen:nope")
+    with pytest.raises(ValueError, match=r"^trace = 'gen:mix:zipf=3': option 'zipf=3', expected key=value"):
+        check_trace_name("gen:mix:zipf=3")
+    with pytest.raises(ValueError, match=r"^trace '.*nope.jsonl' is neither a file nor a bundled trace"):
+        check_trace_name(tmp_path / "nope.jsonl")

@@ -15,6 +15,7 @@ from kvcost.replay.eviction_study import (
     StudySettings,
     check_settings,
     headroom,
+    headroom_lines,
     next_use_table,
     run_study,
     study_horizon_s,
@@ -93,6 +94,10 @@ def test_bad_settings_exit_2_with_the_reason(tmp_path):
     assert result.exit_code == 2
     assert "--policies contains 'foo', expected registered eviction policies" in result.output
     assert "eviction study runs" not in result.output  # refused before any run starts
+    result = runner.invoke(app, ["eviction-study", "--trace", "gen:nope", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--trace = 'gen:nope': unknown workload 'nope'; expected one of: agent, mix" in result.output
+    assert "eviction study runs" not in result.output
     with pytest.raises(
         ValueError, match="policies contains 'mru', expected registered eviction policies: clairvoyant, cost_aware"
     ):
@@ -131,7 +136,7 @@ def test_the_horizon_is_the_given_one_else_a_positive_characteristic_time_else_t
 
 @pytest.mark.bench
 def test_bench_full_eviction_study(tmp_path):
-    """The issue's study: 4 cache sizes × 6 policies on the whole conversation trace (prints figures)."""
+    """The issue's study: 4 cache sizes × 7 policies on the whole conversation trace (prints figures)."""
     started = time.perf_counter()
     result = run_study(StudySettings(jobs=2), tmp_path)
     wall_s = time.perf_counter() - started
@@ -143,3 +148,4 @@ def test_bench_full_eviction_study(tmp_path):
         )
     for g in result["cost_aware_vs_lru"]:
         print(f"cost_aware vs lru at {g['cache_fraction']:g}: prefill saved {g['prefill_saved_gain']:+.1%}")
+    print(headroom_lines(result["headroom"]))

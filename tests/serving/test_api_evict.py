@@ -72,7 +72,10 @@ def test_unknown_policy_is_a_422_naming_the_field(client):
     assert "Value error" not in message and "got 'fifo'" not in message  # the value is named once
     offline = client.post("/v1/evict/rank", json={"policy": "clairvoyant", "now_s": 0.0, "nodes": []})
     assert offline.status_code == 422  # the offline reference reads a trace's future: never served
-    assert offline.json()["message"].startswith("policy: unknown eviction policy 'clairvoyant', expected one of")
+    assert offline.json()["message"].startswith(
+        "policy: 'clairvoyant' is an offline reference that reads a trace's future (kvcost eviction-study only), "
+        "expected one of cost_aware, flop_aware"
+    )
 
 
 def test_bad_node_fields_are_422s_naming_the_field(client):
