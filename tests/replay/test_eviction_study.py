@@ -28,7 +28,11 @@ runner = CliRunner()
 
 
 def test_headroom_to_the_clairvoyant_reference_per_cache_size():
-    saved = {0.05: {"lru": 80.0, "gdsf": 100.0, "cost_aware": 125.0, "clairvoyant": 150.0}, 0.1: {"lru": 9.0}}
+    saved = {
+        0.05: {"lru": 80.0, "gdsf": 100.0, "cost_aware": 125.0, "clairvoyant": 150.0},
+        0.1: {"lru": 9.0},
+        0.25: {"lru": 200.0, "cost_aware": 190.0, "clairvoyant": 201.0},
+    }
     rows = [{"policy": p, "cache_fraction": f, "prefill_saved_s": v} for f, at in saved.items() for p, v in at.items()]
     assert headroom(rows) == [
         {
@@ -38,7 +42,15 @@ def test_headroom_to_the_clairvoyant_reference_per_cache_size():
             "clairvoyant_gain": 0.5,
             "cost_aware_gain": 0.25,
             "captured": 0.5,
-        }
+        },
+        {
+            "cache_fraction": 0.25,
+            "best_other": "lru",
+            "best_other_s": 200.0,
+            "clairvoyant_gain": 201.0 / 200.0 - 1,
+            "cost_aware_gain": 190.0 / 200.0 - 1,
+            "captured": pytest.approx(float("nan"), nan_ok=True),  # a 0.5 % headroom: no share of it
+        },
     ]  # 0.1 has no clairvoyant row
 
 
