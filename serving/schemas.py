@@ -450,7 +450,7 @@ class EvictRankIn(BaseModel):
     @classmethod
     def _known_policy(cls, value: str) -> str:
         if value not in _eviction_policies():
-            if value in _offline_policies():
+            if value in _registered_policies():  # registered but not deployable: it reads the future
                 problem = f"{value!r} is an offline reference that reads a trace's future (kvcost eviction-study only)"
             else:
                 problem = f"unknown eviction policy {value!r}"
@@ -466,11 +466,11 @@ def _eviction_policies() -> list[str]:
     return deployable_policies()
 
 
-def _offline_policies() -> list[str]:
-    """The registered eviction policies that read a trace's future (``clairvoyant``): never served."""
-    from kvcost.eviction import EVICTION_POLICIES, deployable_policies
+def _registered_policies() -> list[str]:
+    """Every registered eviction policy's name, the offline ``clairvoyant`` included."""
+    from kvcost.eviction import EVICTION_POLICIES
 
-    return [name for name in EVICTION_POLICIES if name not in deployable_policies()]
+    return list(EVICTION_POLICIES)
 
 
 class EvictNodeOut(BaseModel):
