@@ -107,7 +107,9 @@ class ClairvoyantPolicy(EvictionPolicy):
         if context.next_use is None:
             raise ValueError(
                 "clairvoyant reads the trace's future arrivals: EvictionContext.next_use is None, expected a "
-                "NextUseTable (the policy is an offline reference for `kvcost eviction-study`, not a deployable policy)"
+                "NextUseTable (the policy is an offline reference for replays of a known trace: "
+                "`kvcost eviction-study`, or `--eviction-policy` of `replay`, `experiment` and `bench`; "
+                "it is not deployable)"
             )
 
     def terms(self, nodes: NodeTable, now_s: float) -> dict[str, np.ndarray]:

@@ -451,7 +451,7 @@ class EvictRankIn(BaseModel):
     def _known_policy(cls, value: str) -> str:
         if value not in _eviction_policies():
             if value in _registered_policies():  # registered but not deployable: it reads the future
-                problem = f"{value!r} is an offline reference that reads a trace's future (kvcost eviction-study only)"
+                problem = f"{value!r} is an offline reference that reads a trace's future (replays only)"
             else:
                 problem = f"unknown eviction policy {value!r}"
             raise ValueError(f"{problem}, expected one of {', '.join(_eviction_policies())}")

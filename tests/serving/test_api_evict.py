@@ -73,7 +73,7 @@ def test_unknown_policy_is_a_422_naming_the_field(client):
     offline = client.post("/v1/evict/rank", json={"policy": "clairvoyant", "now_s": 0.0, "nodes": []})
     assert offline.status_code == 422  # the offline reference reads a trace's future: never served
     assert offline.json()["message"].startswith(
-        "policy: 'clairvoyant' is an offline reference that reads a trace's future (kvcost eviction-study only), "
+        "policy: 'clairvoyant' is an offline reference that reads a trace's future (replays only), "
         "expected one of cost_aware, flop_aware"
     )
 
