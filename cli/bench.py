@@ -65,7 +65,14 @@ def bench(
         return size_list, bench_policies([p.strip() for p in policies.split(",")] if policies else None), given
 
     size_list, names, given = guard(parse)
-    options = {"sizes": size_list, "policies": names, "quick": quick, "jobs": jobs, "replays": replays}
+    options = {
+        "sizes": size_list,
+        "policies": names,
+        "quick": quick,
+        "jobs": jobs,
+        "replays": replays,
+        "eviction_policy": settings.eviction_policy,
+    }
     if sensitivity:
         _sensitivity(settings, options)
         return

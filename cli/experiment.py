@@ -1,4 +1,4 @@
-"""``kvcost experiment``: the four configurations (and optionally the learned one) on one trace."""
+"""``kvcost experiment``: the five configurations (and optionally the learned one) on one trace."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def experiment(
     ] = OnlineSettings().gate_on_replay,
     mlflow_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI of the champion.")] = None,
 ) -> None:
-    """Replay one trace under balanced_nocache, balanced_cache, cost_aware, cost_aware_tiered; attribute the gains."""
+    """Replay one trace under balanced_nocache, balanced_cache, cost_aware, cost_aware_tiered, cost_aware_evicting;
+    attribute the gains."""
     spec = prepare_spec(settings)
     setup = None
     if learned or online:
@@ -41,4 +42,4 @@ def experiment(
             else None
         )
         setup = LearnedSetup(online=online_settings, mlflow_uri=mlflow_uri)
-    run_arms(spec, experiment_arms(learned=setup is not None), setup)
+    run_arms(spec, experiment_arms(setup is not None, spec.config.eviction_policy), setup)

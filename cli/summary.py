@@ -8,7 +8,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from kvcost.cli.common import PROGRESS_COLUMNS, console, guard
-from kvcost.replay.experiment import Configuration
+from kvcost.replay.experiment import Configuration, attribution_lines
 from kvcost.replay.outputs import comparison_rows
 from kvcost.replay.runner import LearnedSetup, RunSpec, execute, prepare
 from kvcost.replay.settings import ReplaySettings
@@ -31,23 +31,16 @@ def run_arms(spec: RunSpec, arms: list[Configuration], learned: LearnedSetup | N
 def print_summary(summary: dict, out: Path) -> None:
     """The comparison table, attribution, prediction error and report path of ``summary.json``."""
     header, rows = comparison_rows(summary["configs"])
-    table = Table(*header, title=f"kvcost — {summary['trace']}, {summary['workers']} workers")
+    title = f"kvcost — {summary['trace']}, {summary['workers']} workers evicting by {summary['eviction_policy']}"
+    table = Table(*header, title=title)
     for row in rows:
         table.add_row(*row)
     console.print(table)
     if summary["skipped_lines"]:
         console.print(f"skipped {summary['skipped_lines']} malformed trace line(s)")
     if "attribution" in summary:
-        a = summary["attribution"]
-        console.print(
-            f"cache gain P50 {a['cache_gain_p50_s']:+.3f} s, P99 {a['cache_gain_p99_s']:+.3f} s; "
-            f"routing gain P50 {a['routing_gain_p50_s']:+.3f} s, P99 {a['routing_gain_p99_s']:+.3f} s"
-            + (
-                f"; tier gain P50 {a['tier_gain_p50_s']:+.3f} s, P99 {a['tier_gain_p99_s']:+.3f} s"
-                if "tier_gain_p99_s" in a
-                else ""
-            )
-        )
+        for line in attribution_lines(summary["attribution"]):
+            console.print(line)
     if "prediction" in summary:
         p = summary["prediction"]
         kinds = list(p["mae_s"])

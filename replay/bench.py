@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import pandas as pd
 
@@ -83,12 +83,14 @@ QUICK_DURATION_S = 120.0
 
 @dataclass(frozen=True, slots=True)
 class BenchCell:
-    """One (policy, load level, cluster size) replay."""
+    """One (policy, load level, cluster size) replay; the workers evict by ``eviction_policy`` (vLLM's ``lru``
+    unless asked)."""
 
     policy: str
     load: str
     workers: int
     rate_scale: float
+    eviction_policy: str = "lru"
 
 
 def rate_scales(workers: int) -> dict[str, float]:
@@ -99,12 +101,15 @@ def rate_scales(workers: int) -> dict[str, float]:
 
 
 def bench_cells(
-    policies: Sequence[str], sizes: Sequence[int], scales: dict[int, dict[str, float]] | None = None
+    policies: Sequence[str],
+    sizes: Sequence[int],
+    scales: dict[int, dict[str, float]] | None = None,
+    eviction_policy: str = "lru",
 ) -> list[BenchCell]:
     """The grid, size-major then load then policy; ``scales`` (workers → load → rate scale)
-    defaults to :func:`rate_scales`."""
+    defaults to :func:`rate_scales`; every cell's workers evict by ``eviction_policy``."""
     return [
-        BenchCell(policy, load, workers, scale)
+        BenchCell(policy, load, workers, scale, eviction_policy)
         for workers in sizes
         for load, scale in (scales[workers] if scales else rate_scales(workers)).items()
         for policy in policies
@@ -204,19 +209,21 @@ def calibrate_load_levels(
     seed: int,
     start: float | None = None,
     targets: dict[str, float] | None = None,
+    eviction_policy: str = "lru",
 ) -> dict[str, Calibration]:
     """Rate scales at which ``least_loaded`` on ``workers`` A100s measures each :data:`TARGET_UTILISATION`.
 
     Levels are found in increasing order, each reusing the replays of the ones
     before (one shared scale → utilisation table). The search starts at
     ``start`` (default ``workers / 4``: the trace as recorded on 4 workers);
-    ``targets`` defaults to :data:`TARGET_UTILISATION`.
+    ``targets`` defaults to :data:`TARGET_UTILISATION`. The workers evict by ``eviction_policy``, as in
+    the cells the levels are for.
     """
     start = workers / 4 if start is None else start
     known: dict[float, float] = {}
 
     def measure(scale: float) -> float:
-        cell = BenchCell(CALIBRATION_POLICY, "calibration", workers, scale)
+        cell = BenchCell(CALIBRATION_POLICY, "calibration", workers, scale, eviction_policy)
         utilisation = float(run_cell(cell, trace, duration_s, seed, False)["utilisation"])
         _log.info("calibrating %s, %d workers: rate scale %.4g → utilisation %.3f", trace, workers, scale, utilisation)
         return utilisation
@@ -230,13 +237,14 @@ def calibrate_load_levels(
 
 
 def calibrate(
-    trace: str, sizes: Sequence[int], duration_s: float | None, seed: int, jobs: int
+    trace: str, sizes: Sequence[int], duration_s: float | None, seed: int, jobs: int, eviction_policy: str = "lru"
 ) -> dict[int, dict[str, Calibration]]:
     """:func:`calibrate_load_levels` for every cluster size (sizes in parallel when ``jobs`` > 1)."""
+    levels = partial(calibrate_load_levels, eviction_policy=eviction_policy)
     if jobs <= 1 or len(sizes) == 1:
-        return {w: calibrate_load_levels(trace, w, duration_s, seed) for w in sizes}
+        return {w: levels(trace, w, duration_s, seed) for w in sizes}
     with ProcessPoolExecutor(max_workers=min(jobs, len(sizes))) as pool:
-        futures = {w: pool.submit(calibrate_load_levels, trace, w, duration_s, seed) for w in sizes}
+        futures = {w: pool.submit(levels, trace, w, duration_s, seed) for w in sizes}
         return {w: f.result() for w, f in futures.items()}
 
 
@@ -294,7 +302,12 @@ def run_cell(
 def _replay_row(
     cell: BenchCell, trace: str, duration_s: float | None, seed: int, keep_samples: bool, rate_scale: float
 ) -> dict:
-    config = ClusterConfig(fleet=("a100",) * cell.workers, seed=seed, router=RouterSettings(policy=cell.policy))
+    config = ClusterConfig(
+        fleet=("a100",) * cell.workers,
+        seed=seed,
+        router=RouterSettings(policy=cell.policy),
+        eviction_policy=cell.eviction_policy,
+    )
     online = OnlineSettings(retrain_every_s=ONLINE_RETRAIN_S) if ROUTER_POLICIES.get(cell.policy).learned else None
     result = replay(_trace(trace, rate_scale, duration_s, seed), config, online=online)
     row = {"policy": cell.policy, "load": cell.load, "workers": cell.workers, "rate_scale": cell.rate_scale}

@@ -56,7 +56,8 @@ def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str])
         parts += [markdown_table(["policy", *(label for _, label in _COLUMNS)], table), ""]
         parts += _replay_spread(group)
     parts += [
-        f"Set-up: {header['trace']}, window {header['window']}, seed {header['seed']}, prefix cache on, "
+        f"Set-up: {header['trace']}, window {header['window']}, seed {header['seed']}, prefix cache on "
+        f"(the workers evict by `{header.get('eviction_policy', 'lru')}`), "
         "A100-80GB workers serving Llama-3-8B. Utilisation is the share of time a worker had a request "
         "waiting for its first token. The best baseline is the lowest P99 of the anchor routers that ran, of "
         "the nine (not kvcost's own policies, `least_loaded` or `round_robin`)." + _replays_note(header),

@@ -55,7 +55,7 @@ from kvcost.core.plots import plot_eviction_study
 from kvcost.core.reporting import markdown_table, write_json
 from kvcost.data.store import LogStore
 from kvcost.data.traces import Trace, check_trace_name, load_trace
-from kvcost.eviction import EVICTION_POLICIES, EvictionContext, NextUseTable
+from kvcost.eviction import EVICTION_POLICIES, EvictionContext
 from kvcost.models.reuse import (
     REUSE_MODELS,
     ReuseModel,
@@ -66,6 +66,7 @@ from kvcost.models.reuse import (
 )
 from kvcost.models.reuse_cure import CureReuseModel
 from kvcost.replay.config import ClusterConfig
+from kvcost.replay.engine_eviction import next_use_table
 from kvcost.replay.metrics import summarise
 from kvcost.replay.reuse_refit import ReuseRefit
 from kvcost.replay.settings import DEFAULT_RATE_SCALE, DEFAULT_REFIT_EVERY_S, DEFAULT_TRACE
@@ -219,13 +220,6 @@ def prefill_saved_s(result: ReplayResult, step_model: StepTimeModel) -> float:
         if reused:
             total += step_model.prefill_alone_s(tokens) - step_model.prefill_alone_s(tokens - reused, reused)
     return total
-
-
-def next_use_table(trace: Trace) -> NextUseTable:
-    """Every request's full prompt blocks and arrival (the blocks a later request can hit), for ``clairvoyant``."""
-    size = trace.block_size_tokens
-    requests = trace.requests
-    return NextUseTable([r.arrival_s for r in requests], [r.block_hashes[: r.input_tokens // size] for r in requests])
 
 
 def run_policy(s: StudySettings, fraction: float, capacity_blocks: int, policy: str, model_dir: Path | None) -> dict:

@@ -1,4 +1,4 @@
-"""The experiment that separates cache gain, routing gain and tier gain (docs/architecture.md §4).
+"""The experiment that separates cache gain, routing gain, tier gain and eviction gain (docs/architecture.md §4).
 
 The same arrival trace is replayed under
 
@@ -6,10 +6,13 @@ The same arrival trace is replayed under
 2. ``balanced_cache`` — ``least_loaded`` routing, prefix cache on;
 3. ``cost_aware`` — routing that weighs cache reuse and load together;
 4. ``cost_aware_tiered`` — the same with CPU / disk tiers, a remote store and a
-   router that weighs tier loads and transfers against recompute.
+   router that weighs tier loads and transfers against recompute;
+5. ``cost_aware_evicting`` — arm 3 with the workers' caches evicting by kvcost's
+   ``cost_aware`` value instead of the run's eviction policy (``lru`` unless
+   ``--eviction-policy`` says otherwise; the arm is left out when it is already ``cost_aware``).
 
-Cache gain = 1 → 2, routing gain = 2 → 3, tier gain = 3 → 4 (positive = TTFT
-got shorter).
+Cache gain = 1 → 2, routing gain = 2 → 3, tier gain = 3 → 4, eviction gain = 3 → 5
+(positive = TTFT got shorter).
 Each run states its initial cache state: cold, or warmed by the trace's first
 ``warmup_s`` seconds (simulated but not measured).
 """
@@ -22,6 +25,7 @@ from dataclasses import dataclass, replace
 from kvcost.data.traces import Trace
 from kvcost.models.term_set import TermModelSet
 from kvcost.replay.config import ClusterConfig
+from kvcost.replay.engine_eviction import engine_eviction
 from kvcost.replay.metrics import summarise
 from kvcost.replay.online import OnlineSettings
 from kvcost.replay.simulator import ClusterSimulator, ReplayResult
@@ -34,13 +38,15 @@ class Configuration:
 
     ``tiered``: CPU / disk tiers behind every GPU and a shared remote store, and a
     router that weighs tier loads and transfers (``RouterSettings.tiers`` and
-    ``transfers``).
+    ``transfers``). ``eviction_policy``: how this arm's workers evict (a registered
+    :mod:`kvcost.eviction` policy); None = the run's (``ClusterConfig.eviction_policy``).
     """
 
     name: str
     policy: str
     cache_enabled: bool
     tiered: bool = False
+    eviction_policy: str | None = None
 
 
 CONFIGURATIONS: tuple[Configuration, ...] = (
@@ -48,16 +54,25 @@ CONFIGURATIONS: tuple[Configuration, ...] = (
     Configuration("balanced_cache", "least_loaded", True),
     Configuration("cost_aware", "cost_aware", True),
     Configuration("cost_aware_tiered", "cost_aware", True, tiered=True),
+    Configuration("cost_aware_evicting", "cost_aware", True, eviction_policy="cost_aware"),
+)
+#: Each gain of :func:`attribution`: (name, the arm before, the arm after).
+GAINS: tuple[tuple[str, str, str], ...] = (
+    ("cache", "balanced_nocache", "balanced_cache"),
+    ("routing", "balanced_cache", "cost_aware"),
+    ("tier", "cost_aware", "cost_aware_tiered"),
+    ("eviction", "cost_aware", "cost_aware_evicting"),
 )
 #: The arm added by ``kvcost experiment --learned`` / ``--online``: routing by the learned models.
 LEARNED_ARM = Configuration("learned_cost_aware", "learned_cost_aware", True)
 
 
 def configure(base: ClusterConfig, arm: Configuration) -> ClusterConfig:
-    """``base`` with the arm's policy, cache switch and tiers (``base.tiers``, or the defaults)."""
+    """``base`` with the arm's policy, cache switch, tiers (``base.tiers``, or the defaults) and eviction policy."""
     router = replace(base.router, policy=arm.policy, tiers=arm.tiered, transfers=arm.tiered)
     tiers = (base.tiers or TierConfig()) if arm.tiered else None
-    return replace(base, cache_enabled=arm.cache_enabled, router=router, tiers=tiers)
+    eviction_policy = arm.eviction_policy or base.eviction_policy
+    return replace(base, cache_enabled=arm.cache_enabled, router=router, tiers=tiers, eviction_policy=eviction_policy)
 
 
 def replay(
@@ -67,26 +82,41 @@ def replay(
     cost_model: TermModelSet | None = None,
     online: OnlineSettings | None = None,
 ) -> ReplayResult:
-    """Replay ``trace`` once under ``config`` (optionally with a learned or online-learned cost model)."""
-    return ClusterSimulator(config, trace.block_size_tokens, cost_model, online).run(trace, progress)
+    """Replay ``trace`` once under ``config`` (optionally with a learned or online-learned cost model).
+
+    The workers evict by ``config.eviction_policy`` with what that policy needs
+    (:func:`~kvcost.replay.engine_eviction.engine_eviction`: a P(reuse) refitted during the replay for
+    ``cost_aware``, the trace's future for the ``clairvoyant`` reference).
+    """
+    context, refit = engine_eviction(trace, config.eviction_policy) if config.cache_enabled else (None, None)
+    simulator = ClusterSimulator(
+        config, trace.block_size_tokens, cost_model, online, eviction=context, reuse_refit=refit
+    )
+    return simulator.run(trace, progress)
 
 
 def attribution(configs: dict[str, dict]) -> dict[str, float]:
-    """Cache gain (1 → 2), routing gain (2 → 3) and tier gain (3 → tiered) at P50 and P99 TTFT, seconds.
+    """Each gain of :data:`GAINS` whose two arms ran, at P50 and P99 TTFT: ``<gain>_gain_p50_s``, ``…_p99_s``.
 
-    Positive = TTFT got shorter. The tier gain is there when ``cost_aware_tiered`` ran.
+    Positive = TTFT got shorter. The tier and eviction gains are there when their arm ran.
     """
-    steps = {
-        "cache_gain": ("balanced_nocache", "balanced_cache"),
-        "routing_gain": ("balanced_cache", "cost_aware"),
-        "tier_gain": ("cost_aware", "cost_aware_tiered"),
-    }
     gains = {}
-    for gain, (before, after) in steps.items():
+    for gain, before, after in GAINS:
         if before in configs and after in configs:
             for q in ("p50", "p99"):
-                gains[f"{gain}_{q}_s"] = configs[before][f"ttft_{q}_s"] - configs[after][f"ttft_{q}_s"]
+                gains[f"{gain}_gain_{q}_s"] = configs[before][f"ttft_{q}_s"] - configs[after][f"ttft_{q}_s"]
     return gains
+
+
+def attribution_lines(gains: dict[str, float]) -> list[str]:
+    """One line per gain of :func:`attribution`, e.g. ``"cache gain (balanced_nocache → balanced_cache): P50
+    +1.690 s, P99 +11.660 s"``."""
+    return [
+        f"{gain} gain ({before} → {after}): P50 {gains[f'{gain}_gain_p50_s']:+.3f} s, "
+        f"P99 {gains[f'{gain}_gain_p99_s']:+.3f} s"
+        for gain, before, after in GAINS
+        if f"{gain}_gain_p99_s" in gains
+    ]
 
 
 def diagnose(configs: dict[str, dict], results: dict[str, ReplayResult]) -> list[str]:
@@ -99,7 +129,22 @@ def diagnose(configs: dict[str, dict], results: dict[str, ReplayResult]) -> list
     lines = [_hot_worker_queueing(configs, results), _mismatch(configs, results), _recompute_squeeze(results)]
     if "cost_aware_tiered" in configs:
         lines.append(_tiers(configs))
+    if "cost_aware_evicting" in configs:
+        lines.append(_eviction(configs))
     return lines
+
+
+def _eviction(configs: dict[str, dict]) -> str:
+    """What the workers evicting by kvcost's value changed against the run's own eviction policy."""
+    flat, evicting = configs["cost_aware"], configs["cost_aware_evicting"]
+    return (
+        f"kvcost's eviction in the workers: cost_aware_evicting (evicting by {evicting['eviction_policy']}) vs "
+        f"cost_aware (by {flat['eviction_policy']}): hit ratio {evicting['hit_ratio']:.1%} vs "
+        f"{flat['hit_ratio']:.1%}, {evicting['evicted_blocks']} vs {flat['evicted_blocks']} blocks evicted, "
+        f"promised tokens recomputed {evicting['promised_recomputed_share']:.1%} vs "
+        f"{flat['promised_recomputed_share']:.1%}, TTFT P99 {evicting['ttft_p99_s']:.2f} s vs "
+        f"{flat['ttft_p99_s']:.2f} s."
+    )
 
 
 def _tiers(configs: dict[str, dict]) -> str:
@@ -175,7 +220,7 @@ def _recompute_squeeze(results: dict[str, ReplayResult]) -> str:
 def study_summary(results: dict[str, ReplayResult], n_workers: int) -> dict:
     """Per-configuration figures; with the three experiment arms, also the attribution and diagnosis."""
     configs = {name: summarise(res, n_workers) for name, res in results.items()}
-    if not {arm.name for arm in CONFIGURATIONS if not arm.tiered} <= set(configs):
+    if not {arm.name for arm in CONFIGURATIONS if not arm.tiered and arm.eviction_policy is None} <= set(configs):
         return {"configs": configs}
     summary = {"configs": configs, "attribution": attribution(configs), "diagnosis": diagnose(configs, results)}
     if LEARNED_ARM.name in configs:

@@ -15,6 +15,8 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "completed",
     "rejected",
     "preemptions",
+    "eviction_policy",
+    "evicted_blocks",
     "ttft_mean_s",
     "ttft_p50_s",
     "ttft_p90_s",
@@ -62,7 +64,9 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     """Figures of one configuration.
 
     ``rejected`` counts requests too large for any worker's KV capacity; ``preemptions`` the
-    recompute preemptions of decoders that found the KV pool full (as vLLM preempts).
+    recompute preemptions of decoders that found the KV pool full (as vLLM preempts);
+    ``eviction_policy`` the policy the workers evicted by (None with the cache off), ``evicted_blocks``
+    the cached blocks they evicted (0: the eviction order decided nothing).
     ``hit_ratio`` is token-weighted: actually reused tokens / input tokens.
     ``kv_wait_share`` is the share of queue time spent waiting for KV memory at the head
     of the queue (Σ ``kv_wait_s`` ÷ Σ ``actual_queue_s``, NaN without queueing).
@@ -90,9 +94,14 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
     """
     r = result.requests
     if r.empty:
-        counts = ("completed", "rejected", "preemptions", "directory_mismatch_tokens")
+        counts = ("completed", "rejected", "preemptions", "evicted_blocks", "directory_mismatch_tokens")
         empty = {key: 0 if key in counts else float("nan") for key in SUMMARY_KEYS}
-        empty.update(rejected=result.rejected_requests, preemptions=result.preemptions)
+        empty.update(
+            rejected=result.rejected_requests,
+            preemptions=result.preemptions,
+            eviction_policy=result.eviction_policy,
+            evicted_blocks=result.evicted_blocks,
+        )
         return {**empty, "served_by": dict.fromkeys(SERVED_BY, 0.0)}
     served = r["served_by"].value_counts(normalize=True)
     ttft = r["actual_ttft_s"].to_numpy()
@@ -101,6 +110,8 @@ def summarise(result: ReplayResult, n_workers: int) -> dict[str, float | int]:
         "completed": int(len(r)),
         "rejected": int(result.rejected_requests),
         "preemptions": int(result.preemptions),
+        "eviction_policy": result.eviction_policy,
+        "evicted_blocks": int(result.evicted_blocks),
         "ttft_mean_s": float(ttft.mean()),
         "ttft_p50_s": _quantile(ttft, 0.50),
         "ttft_p90_s": _quantile(ttft, 0.90),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kvcost.core.reporting import markdown_table
 from kvcost.data.store import LogStore
+from kvcost.replay.experiment import attribution_lines
 from kvcost.replay.metrics import SERVED_BY, SUMMARY_KEYS
 from kvcost.replay.simulator import ReplayResult
 
@@ -32,6 +33,8 @@ _LABELS = {
     "completed": "completed",
     "rejected": "rejected (too large for KV)",
     "preemptions": "preemptions (KV full)",
+    "eviction_policy": "eviction policy",
+    "evicted_blocks": "evicted blocks",
     "ttft_mean_s": "TTFT mean (s)",
     "ttft_p50_s": "TTFT P50 (s)",
     "ttft_p90_s": "TTFT P90 (s)",
@@ -96,23 +99,12 @@ def write_report_md(path: Path, summary: dict, setup_lines: list[str], plots: li
         "",
     ]
     if "attribution" in summary:
-        a = summary["attribution"]
         parts += [
             "## Attribution (positive = TTFT got shorter)",
-            f"- cache gain (balanced_nocache → balanced_cache): P50 {a['cache_gain_p50_s']:+.3f} s, "
-            f"P99 {a['cache_gain_p99_s']:+.3f} s",
-            f"- routing gain (balanced_cache → cost_aware): P50 {a['routing_gain_p50_s']:+.3f} s, "
-            f"P99 {a['routing_gain_p99_s']:+.3f} s",
-            *(
-                [
-                    f"- tier gain (cost_aware → cost_aware_tiered): P50 {a['tier_gain_p50_s']:+.3f} s, "
-                    f"P99 {a['tier_gain_p99_s']:+.3f} s"
-                ]
-                if "tier_gain_p99_s" in a
-                else []
-            ),
+            *[f"- {line}" for line in attribution_lines(summary["attribution"])],
             "",
-            "## Diagnosis (in order: hot-worker queueing, directory mismatch, recompute of expected hits, tiers)",
+            "## Diagnosis (in order: hot-worker queueing, directory mismatch, recompute of expected hits, tiers, "
+            "eviction)",
             *[f"{i}. {line}" for i, line in enumerate(summary["diagnosis"], 1)],
             "",
         ]

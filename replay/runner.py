@@ -199,9 +199,14 @@ def _learned_model(learned: LearnedSetup) -> tuple[TermModelSet | None, str]:
     return model_set, f"MLflow champion: {meta.get('predictor')} terms trained on {meta.get('rows')} rows"
 
 
-def experiment_arms(learned: bool = False) -> list[Configuration]:
-    """The three configurations of the experiment (docs/architecture.md §4), plus ``learned_cost_aware`` if asked."""
-    return [*CONFIGURATIONS, LEARNED_ARM] if learned else list(CONFIGURATIONS)
+def experiment_arms(learned: bool = False, eviction_policy: str = "lru") -> list[Configuration]:
+    """The configurations of the experiment (docs/architecture.md §4), plus ``learned_cost_aware`` if asked.
+
+    An arm that only changes the workers' eviction policy to ``eviction_policy``, the run's own, would
+    repeat ``cost_aware``: it is left out.
+    """
+    arms = [arm for arm in CONFIGURATIONS if arm.eviction_policy != eviction_policy]
+    return [*arms, LEARNED_ARM] if learned else arms
 
 
 def _open_store(db: Path) -> LogStore:
@@ -247,6 +252,7 @@ def _study_header(spec: RunSpec) -> dict:
         "hit_ratio_bound_infinite_cache": infinite_cache_hit_ratio(t),
         "initial_cache_state": f"warm: first {c.warmup_s:g} s of replay time" if c.warmup_s else "cold",
         "directory_lag_s": c.directory_lag_s,
+        "eviction_policy": c.eviction_policy,
     }
 
 
@@ -302,8 +308,9 @@ def _setup_lines(
         f"{t.skipped_lines} malformed lines skipped",
         f"rate scale {t.rate_scale:g} (arrival times divided by it); {spread}",
         f"model {c.model}; fleet {', '.join(c.fleet)}; token budget {c.token_budget} per step",
-        f"initial cache state: {cache}; directory lag {c.directory_lag_s:g} s; token hit ratio bound with an "
-        f"infinite shared cache {hit_ratio_bound:.1%}",
+        f"initial cache state: {cache}; eviction policy `{c.eviction_policy}` (each arm's: the table's row); "
+        f"directory lag {c.directory_lag_s:g} s; token hit ratio bound with an infinite shared cache "
+        f"{hit_ratio_bound:.1%}",
         f"ground truth beyond the router's model: per-step log-normal jitter σ={c.jitter_sigma:g}; stragglers: {slow}",
         f"seed {c.seed}; DuckDB log `{spec.db}`; {measured}",
     ]
@@ -333,8 +340,11 @@ def execute_bench(
     calibrate_levels: bool | None = None,
     given_scales: dict[int, dict[str, float]] | None = None,
     replays: int = 1,
+    eviction_policy: str = "lru",
 ) -> dict:
     """Run the benchmark grid and write ``bench.json``, ``bench.md`` and plots into ``out``.
+
+    Every cell's workers, and the calibration's, evict by ``eviction_policy`` (the header records it).
 
     Each cell is replayed ``replays`` times at nearby rate scales and reported by its median-P99
     replay (:func:`kvcost.replay.bench.run_cell`); the header records ``replays``.
@@ -361,9 +371,9 @@ def execute_bench(
     _make_out(out)
     if calibrate_levels is None:
         calibrate_levels = trace not in CALIBRATED_TRACES and given_scales is None
-    found = calibrate(trace, sizes, duration_s, seed, jobs) if calibrate_levels else None
+    found = calibrate(trace, sizes, duration_s, seed, jobs, eviction_policy) if calibrate_levels else None
     scales = {w: {k: c.rate_scale for k, c in found[w].items()} for w in sizes} if found else given_scales
-    cells = bench_cells(policies, sizes, scales)
+    cells = bench_cells(policies, sizes, scales, eviction_policy)
     queue_cell = (min(sizes), "80%")
     rows = run_bench(
         cells, trace, duration_s, seed, jobs, lambda c: (c.workers, c.load) == queue_cell, progress, replays
@@ -375,6 +385,7 @@ def execute_bench(
         "seed": seed,
         "quick": quick,
         "replays": replays,
+        "eviction_policy": eviction_policy,
         "window": window,
         "sizes": list(sizes),
         "load_levels": {str(w): scales[w] if scales else rate_scales(w) for w in sizes},

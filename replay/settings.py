@@ -13,11 +13,12 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvcost.core.hardware import MODELS
 from kvcost.data.store import DEFAULT_LOG_PATH
 from kvcost.data.traces import BUNDLED_TRACES
+from kvcost.eviction import EVICTION_POLICIES
 from kvcost.replay.config import ClusterConfig
 
 #: Default rate scale (arrival times ÷ 0.55): it puts the balanced, cache-off configuration of the
@@ -94,6 +95,11 @@ class ReplaySettings(BaseModel):
     jitter_sigma: float = Field(
         _cluster_default("jitter_sigma"), description="σ of the log-normal per-step jitter (ground truth only)."
     )
+    eviction_policy: str = Field(
+        _cluster_default("eviction_policy"),
+        description=f"KV eviction policy of every worker's cache: {', '.join(EVICTION_POLICIES.names())} "
+        "(lru = vLLM's and SGLang's; clairvoyant reads the trace's future, an offline reference).",
+    )
     count_in_flight: bool = Field(
         True,
         description="Cost-aware routers count prefixes they routed that are not stored yet as reusable.",
@@ -106,9 +112,19 @@ class ReplaySettings(BaseModel):
     )
     skip_bad_lines: bool = Field(False, description="Skip malformed trace lines and report how many.")
     out: Path | None = Field(
-        None, description="Output folder (default runs/<UTC timestamp>; kvcost bench: runs/bench-<UTC timestamp>)."
+        None,
+        description="Output folder (default runs/<UTC timestamp>; kvcost bench: runs/bench-<UTC timestamp>, with "
+        "--sensitivity runs/sensitivity-<UTC timestamp>; kvcost eviction-study: runs/eviction-<UTC timestamp>).",
     )
     db: Path = Field(DEFAULT_LOG_PATH, description="DuckDB log, appended to.")
+
+    @field_validator("eviction_policy")
+    @classmethod
+    def _registered_eviction_policy(cls, value: str) -> str:
+        """A registered eviction policy, checked before any replay starts (``kvcost bench`` calibrates first)."""
+        if value not in EVICTION_POLICIES:
+            raise ValueError(f"expected one of {', '.join(EVICTION_POLICIES.names())}")
+        return value
 
     def prepare_arguments(self) -> dict[str, object]:
         """Keyword arguments of :func:`kvcost.replay.runner.prepare` (``slowdown`` → ``slowdowns``,

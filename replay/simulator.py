@@ -58,6 +58,9 @@ class ReplayResult:
             the chosen worker has at all (they could never be admitted); not served.
         preemptions: recompute preemptions (a decoder found no free KV block, vLLM's rule,
             :mod:`kvcost.replay.worker`) from the first measured arrival on, all workers.
+        evicted_blocks: cached GPU blocks evicted (by ``config.eviction_policy``) from the first
+            measured arrival on, all workers: 0 where everything fit, so the eviction order decided nothing.
+        eviction_policy: the policy the workers' caches evicted by; None with the cache off.
         retrains: online learning only: each retraining (``t_s``, ``rows``, ``trigger``).
         drift_alerts: online learning only: each drift alert (``t_s``, worker, term, message).
         served_coverage_90: ``{"coverage", "requests"}``: the share of measured requests whose TTFT
@@ -75,6 +78,8 @@ class ReplayResult:
     makespan_s: float
     rejected_requests: int = 0
     preemptions: int = 0
+    evicted_blocks: int = 0
+    eviction_policy: str | None = None
     retrains: tuple[dict, ...] = ()
     drift_alerts: tuple[dict, ...] = ()
     served_coverage_90: dict | None = None
@@ -146,7 +151,7 @@ class ClusterSimulator:
             self.block_size_tokens, self.config.gpu_memory_utilization
         )
         index = None
-        if needs_index(self.config.eviction_policy):
+        if self.config.cache_enabled and needs_index(self.config.eviction_policy):  # no cache: nothing to evict
             costs = block_cost_table(self.router.cost_model, step_model, self.block_size_tokens)
             index = make_eviction_index(self.config.eviction_policy, self.eviction, costs, capacity_blocks)
         history = self.record_block_events or self.reuse_refit is not None
@@ -389,6 +394,7 @@ class _Log:
         self.warmup_s = config.warmup_s
         self.keep_unchosen = keep_unchosen  # the online learner's importance weights need the rejected rows
         self.cache_enabled = config.cache_enabled
+        self.eviction_policy = config.eviction_policy if config.cache_enabled else None
         self.n_workers = n_workers
         self.decisions: dict[int, tuple[int, np.ndarray, np.ndarray, float, np.ndarray]] = {}
         #: every measured request completed so far, in completion order (the online learner reads it)
@@ -483,6 +489,8 @@ class _Log:
             makespan_s=makespan_s,
             rejected_requests=self.rejected,
             preemptions=sum(w.preemptions for w in workers),
+            evicted_blocks=sum(w.evicted_blocks for w in workers),
+            eviction_policy=self.eviction_policy,
             served_coverage_90=self._served_coverage(),
         )
 

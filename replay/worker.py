@@ -129,6 +129,7 @@ class SimWorker:
         self._admitted: list[SimRequest] = []  # holding KV, in admission order (vLLM's ``running``)
         self._growth: list[tuple[int, int, SimRequest]] = []  # (decode step, id, request): next block needed
         self.preemptions = 0  # counted from ``measure_from_s``
+        self.evicted_blocks = 0  # GPU blocks evicted, counted from ``measure_from_s``
         self.decode_steps = 0
         self.decode_context_tokens = 0
         self.queued_prefill_tokens = 0
@@ -416,6 +417,8 @@ class SimWorker:
         ``chain[gpu_blocks : gpu_blocks + below]`` is the prefix of the request being admitted found in
         the lower tiers: it is about to be loaded, the most recent there, so others are demoted first.
         """
+        if now_s >= self.measure_from_s:
+            self.evicted_blocks += len(evicted)
         self._tier_events(now_s, [("removed", "gpu", evicted)])
         if self.tiers is None:
             return 0, 0

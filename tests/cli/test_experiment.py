@@ -26,17 +26,27 @@ def test_experiment_writes_outputs_and_is_deterministic(tmp_path):
     out2, _ = _experiment(tmp_path, "b")
     assert (out1 / "summary.json").read_bytes() == (out2 / "summary.json").read_bytes()
     summary = json.loads((out1 / "summary.json").read_text())
-    assert set(summary["configs"]) == {"balanced_nocache", "balanced_cache", "cost_aware", "cost_aware_tiered"}
+    assert set(summary["configs"]) == {
+        "balanced_nocache",
+        "balanced_cache",
+        "cost_aware",
+        "cost_aware_tiered",
+        "cost_aware_evicting",
+    }
     assert summary["requests"] == summary["configs"]["cost_aware"]["completed"] > 0
     assert summary["configs"]["balanced_nocache"]["hit_ratio"] == 0.0
-    assert len(summary["diagnosis"]) == 4
+    assert len(summary["diagnosis"]) == 5
+    assert summary["diagnosis"][4].startswith(
+        "kvcost's eviction in the workers: cost_aware_evicting (evicting by cost_aware) vs cost_aware (by lru): "
+    )
     for name in ("report.md", "ttft_cdf.png", "queued_prefill_tokens.png"):
         assert (out1 / name).stat().st_size > 0
-    assert "cache gain" in output and "report:" in output
+    assert "cache gain (balanced_nocache → balanced_cache): P50" in output and "report:" in output
+    assert "eviction gain (cost_aware → cost_aware_evicting): P50" in (out1 / "report.md").read_text()
     con = duckdb.connect(str(tmp_path / "log.duckdb"))
-    assert con.execute("SELECT count(*) FROM runs").fetchone() == (8,)  # appended, never overwritten
+    assert con.execute("SELECT count(*) FROM runs").fetchone() == (10,)  # appended, never overwritten
     n_requests = con.execute("SELECT count(*) FROM requests").fetchone()[0]
-    assert n_requests == 8 * summary["requests"]
+    assert n_requests == 10 * summary["requests"]
     assert con.execute("SELECT count(*) FROM candidates").fetchone()[0] == 4 * n_requests
 
 

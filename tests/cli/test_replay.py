@@ -34,7 +34,7 @@ def test_replay_runs_one_configuration(tmp_path):
 
 def _summary(tmp_path, name, *extra):
     out = tmp_path / name
-    args = ["replay", "--duration-s", "20", "--out", str(out), "--db", str(tmp_path / "log.duckdb"), *extra]
+    args = ["replay", "--duration-s", "20", *extra, "--out", str(out), "--db", str(tmp_path / "log.duckdb")]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     return json.loads((out / "summary.json").read_text())["configs"]["cost_aware_cache"]
@@ -48,6 +48,19 @@ def test_cluster_options_reach_the_simulation(tmp_path):
     assert (tmp_path / "kv" / "report.md").exists()
 
 
+def test_the_workers_evict_by_the_asked_policy(tmp_path):
+    # 66 requests of gen:multi-turn in 20 blocks (512 tokens each) per worker: the order of eviction matters
+    small = ["--trace", "gen:multi-turn", "--duration-s", "30", "--kv-capacity-blocks", "20"]
+    lru = _summary(tmp_path, "lru", *small)
+    clairvoyant = _summary(tmp_path, "clairvoyant", *small, "--eviction-policy", "clairvoyant")
+    assert (lru["completed"], clairvoyant["completed"]) == (66, 66)
+    assert clairvoyant["hit_ratio"] > lru["hit_ratio"]
+    assert json.loads((tmp_path / "clairvoyant" / "summary.json").read_text())["eviction_policy"] == "clairvoyant"
+    report = (tmp_path / "clairvoyant" / "report.md").read_text()
+    assert "eviction policy `clairvoyant`" in report and "| eviction policy | clairvoyant |" in report
+    assert clairvoyant["eviction_policy"] == "clairvoyant" and lru["eviction_policy"] == "lru"
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -57,6 +70,10 @@ def test_cluster_options_reach_the_simulation(tmp_path):
         ),
         (["--model", "gpt-4"], "model = 'gpt-4', expected one of llama-2-70b"),
         (["--gpu-memory-utilization", "1.5"], "error: --gpu-memory-utilization = 1.5"),
+        (
+            ["--eviction-policy", "fifo"],
+            "error: --eviction-policy = 'fifo', expected one of clairvoyant, cost_aware, flop_aware, gdsf, lfu, lhd",
+        ),
     ],
 )
 def test_bad_cluster_options(tmp_path, extra, message):

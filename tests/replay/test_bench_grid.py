@@ -5,6 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcost.cli import app
+from kvcost.replay import bench
 from kvcost.replay.bench import BenchCell, add_ratios, bench_cells, best_baseline, rate_scales
 from kvcost.replay.bench_report import reading
 
@@ -22,6 +23,8 @@ def test_grid_order_is_size_load_policy():
         BenchCell("a", "80%", 4, 0.565),
     ]
     assert len(cells) == 6
+    assert {c.eviction_policy for c in cells} == {"lru"}
+    assert {c.eviction_policy for c in bench_cells(["a"], [4], eviction_policy="gdsf")} == {"gdsf"}
 
 
 def _row(policy, p99, hit=0.05, share=0.3, workers=4, load="80%"):
@@ -110,6 +113,7 @@ def test_bench_quick_writes_every_output(tmp_path):
     assert result.exit_code == 0, result.output
     bench = json.loads((tmp_path / "bench.json").read_text())
     assert bench["quick"] is True and len(bench["results"]) == 9
+    assert bench["eviction_policy"] == "lru" and "the workers evict by `lru`" in (tmp_path / "bench.md").read_text()
     assert {r["policy"] for r in bench["results"]} == {"least_loaded", "cost_aware", "oracle"}
     oracle = [r for r in bench["results"] if r["policy"] == "oracle"]
     assert all(r["p99_vs_oracle"] == 1.0 for r in oracle)
@@ -126,8 +130,25 @@ def test_bench_of_reference_policies_alone_plots_their_queues(tmp_path):
     assert (tmp_path / "worker_queues.png").stat().st_size > 0
 
 
+def test_the_cells_and_the_calibration_replay_under_the_asked_eviction_policy(monkeypatch):
+    seen = []
+
+    def recording_replay(trace, config, **kwargs):
+        seen.append((config.router.policy, config.eviction_policy))
+        return real_replay(trace, config, **kwargs)
+
+    real_replay = bench.replay
+    monkeypatch.setattr(bench, "replay", recording_replay)
+    bench.run_cell(BenchCell("cost_aware", "60%", 2, 0.5, "gdsf"), "mooncake-conversation", 20.0, 0, False)
+    levels = bench.calibrate_load_levels("mooncake-conversation", 2, 20.0, 0, targets={"x": 0.5}, eviction_policy="lhd")
+    assert levels["x"].replays == len(seen) - 1 >= 1
+    assert seen == [("cost_aware", "gdsf")] + [("least_loaded", "lhd")] * levels["x"].replays
+
+
 def test_bench_rejects_bad_sizes_and_policies(tmp_path):
     runner = CliRunner()
+    bad = runner.invoke(app, ["bench", "--eviction-policy", "fifo", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "--eviction-policy = 'fifo', expected one of clairvoyant" in bad.output
     bad = runner.invoke(app, ["bench", "--sizes", "four", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "sizes = 'four'" in bad.output
     bad = runner.invoke(app, ["bench", "--policies", "magic", "--out", str(tmp_path)])

@@ -8,21 +8,16 @@ from typer.testing import CliRunner
 
 from kvcost.cli import app
 from kvcost.data.store import LogStore
-from kvcost.eviction import EvictionContext
 from kvcost.models.reuse_cure import CureReuseModel
-from kvcost.replay.config import ClusterConfig
 from kvcost.replay.eviction_study import (
     StudySettings,
     check_settings,
     headroom,
     headroom_lines,
-    next_use_table,
     run_study,
     study_horizon_s,
     study_reuse_model,
 )
-from kvcost.replay.simulator import ClusterSimulator
-from tests.replay.test_simulator import make_trace
 
 runner = CliRunner()
 
@@ -52,28 +47,6 @@ def test_headroom_to_the_clairvoyant_reference_per_cache_size():
             "captured": pytest.approx(float("nan"), nan_ok=True),  # a 0.5 % headroom: no share of it
         },
     ]  # 0.1 has no clairvoyant row
-
-
-def test_clairvoyant_keeps_the_chain_asked_for_next_where_lru_keeps_the_recent_one():
-    """8 blocks of 16 tokens; chains A (1-3) and B (4-6) idle when C needs room. A returns first."""
-    trace = make_trace(
-        [
-            (0.0, 50, 1, (1, 2, 3, 100)),
-            (1.0, 50, 1, (4, 5, 6, 101)),
-            (2.0, 50, 1, (7, 8, 9, 102)),
-            (3.0, 50, 1, (1, 2, 3, 103)),
-            (4.0, 50, 1, (4, 5, 6, 104)),
-        ],
-        block_size_tokens=16,
-    )
-    future = next_use_table(trace)  # full blocks only: the partial last blocks 100-104 are never asked for
-    assert future.next_use_s([1, 4, 100], 0.5).tolist() == [3.0, 1.0, float("inf")]
-    reused = {}
-    for policy in ("lru", "clairvoyant"):
-        config = ClusterConfig(fleet=("a100",), jitter_sigma=0.0, kv_capacity_blocks=8, eviction_policy=policy)
-        result = ClusterSimulator(config, 16, eviction=EvictionContext(next_use=future)).run(trace)
-        reused[policy] = result.requests["actual_reuse_tokens"].tolist()
-    assert reused == {"lru": [0, 0, 0, 16, 16], "clairvoyant": [0, 0, 0, 48, 16]}
 
 
 def test_quick_study_through_the_cli(tmp_path):

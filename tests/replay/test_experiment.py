@@ -37,3 +37,30 @@ def test_no_completed_request_gives_a_diagnosis_line_not_a_crash():
         "No diagnosis: no measured request completed (each was larger than a worker's KV capacity, "
         "or none arrived after the warm-up)."
     ]
+
+
+def test_each_arm_evicts_by_its_own_policy_or_the_runs():
+    arms = {arm.name: arm for arm in CONFIGURATIONS}
+    base = ClusterConfig(eviction_policy="gdsf")
+    assert configure(base, arms["cost_aware"]).eviction_policy == "gdsf"
+    assert configure(base, arms["cost_aware_evicting"]).eviction_policy == "cost_aware"
+    assert configure(base, arms["cost_aware_evicting"]).router.policy == "cost_aware"
+
+
+def test_without_the_evicting_arm_the_other_gains_and_diagnoses_stay():
+    # kvcost experiment --eviction-policy cost_aware leaves the fifth arm out (it would repeat cost_aware);
+    # the attribution and diagnosis used to vanish with it
+    trace = load_trace("mooncake-conversation", rate_scale=DEFAULT_RATE_SCALE, duration_s=60.0)
+    base = ClusterConfig(eviction_policy="cost_aware")
+    arms = [arm for arm in CONFIGURATIONS if arm.eviction_policy != "cost_aware"]
+    summary = study_summary({arm.name: replay(trace, configure(base, arm)) for arm in arms}, base.workers)
+    assert sorted(summary["attribution"]) == [
+        f"{gain}_gain_{q}_s" for gain in ("cache", "routing", "tier") for q in ("p50", "p99")
+    ]
+    assert len(summary["diagnosis"]) == 4
+    assert {name: c["eviction_policy"] for name, c in summary["configs"].items()} == {
+        "balanced_nocache": None,
+        "balanced_cache": "cost_aware",
+        "cost_aware": "cost_aware",
+        "cost_aware_tiered": "cost_aware",
+    }

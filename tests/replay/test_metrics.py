@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from kvcost.data.traces import Trace, TraceRequest
-from kvcost.replay.experiment import attribution
+from kvcost.replay.experiment import attribution, attribution_lines
 from kvcost.replay.metrics import SUMMARY_KEYS, infinite_cache_hit_ratio, summarise
 from kvcost.replay.simulator import ReplayResult
 
@@ -80,8 +80,11 @@ def test_attribution_signs():
         "routing_gain_p99_s": 5.0,
     }
     configs["cost_aware_tiered"] = {"ttft_p50_s": 1.0, "ttft_p99_s": 12.0}
+    configs["cost_aware_evicting"] = {"ttft_p50_s": 3.25, "ttft_p99_s": 9.0}
     gains = attribution(configs)
     assert (gains["tier_gain_p50_s"], gains["tier_gain_p99_s"]) == (2.5, -2.0)
+    assert (gains["eviction_gain_p50_s"], gains["eviction_gain_p99_s"]) == (0.25, 1.0)
+    assert attribution_lines(gains)[3] == "eviction gain (cost_aware → cost_aware_evicting): P50 +0.250 s, P99 +1.000 s"
 
 
 def test_promise_shares_are_nan_when_nothing_was_promised():

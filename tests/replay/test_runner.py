@@ -38,16 +38,19 @@ def _prepare(tmp_path, **overrides):
     return prepare("mooncake-conversation", **{**options, **overrides})
 
 
-def test_experiment_arms_are_the_four_configurations_and_the_learned_arm_on_request():
-    assert [(a.name, a.policy, a.cache_enabled, a.tiered) for a in experiment_arms()] == [
-        ("balanced_nocache", "least_loaded", False, False),
-        ("balanced_cache", "least_loaded", True, False),
-        ("cost_aware", "cost_aware", True, False),
-        ("cost_aware_tiered", "cost_aware", True, True),
+def test_experiment_arms_are_the_five_configurations_and_the_learned_arm_on_request():
+    assert [(a.name, a.policy, a.cache_enabled, a.tiered, a.eviction_policy) for a in experiment_arms()] == [
+        ("balanced_nocache", "least_loaded", False, False, None),
+        ("balanced_cache", "least_loaded", True, False, None),
+        ("cost_aware", "cost_aware", True, False, None),
+        ("cost_aware_tiered", "cost_aware", True, True, None),
+        ("cost_aware_evicting", "cost_aware", True, False, "cost_aware"),
     ]
+    # workers that already evict by cost_aware: the evicting arm would repeat cost_aware
+    assert [a.name for a in experiment_arms(eviction_policy="cost_aware")] == [a.name for a in experiment_arms()[:4]]
     learned = experiment_arms(learned=True)
-    assert [a.name for a in learned[:4]] == [a.name for a in experiment_arms()]
-    assert (learned[4].name, learned[4].policy, learned[4].cache_enabled) == (
+    assert [a.name for a in learned[:5]] == [a.name for a in experiment_arms()]
+    assert (learned[5].name, learned[5].policy, learned[5].cache_enabled) == (
         "learned_cost_aware",
         "learned_cost_aware",
         True,
@@ -85,6 +88,7 @@ def test_experiment_learned_with_an_empty_registry_runs_and_says_it_fell_back(tm
         "balanced_cache",
         "balanced_nocache",
         "cost_aware",
+        "cost_aware_evicting",
         "cost_aware_tiered",
         "learned_cost_aware",
     ]

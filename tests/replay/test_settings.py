@@ -27,6 +27,7 @@ def test_prepare_arguments_are_the_runner_keywords():
         "kv_capacity_blocks": None,
         "gpu_memory_utilization": 0.9,
         "jitter_sigma": 0.05,
+        "eviction_policy": "lru",
         "count_in_flight": True,
         "max_share_over_mean": math.inf,
         "skip_bad_lines": False,
