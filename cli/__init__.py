@@ -29,7 +29,10 @@ from kvcost.cli.serve import serve
 from kvcost.cli.train import train
 from kvcost.cli.workload import workload
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+#: ``rich_markup_mode=None``: click's plain help, which wraps each option's help under its name. typer's rich
+#: panels give the help a column of ~18 characters on an 80-column terminal and cut long words with "…"
+#: (every policy name in ``replay --help`` read ``aibrix_prefix_ca…``).
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0], rich_markup_mode=None)
 app.command()(experiment)
 app.command("replay")(replay)
 app.command()(bench)

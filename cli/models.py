@@ -10,7 +10,9 @@ from rich.table import Table
 from kvcost.cli.common import MlflowOpt, console, guard
 from kvcost.replay.settings import DEFAULT_RATE_SCALE
 
-models_app = typer.Typer(no_args_is_help=True, help="Review the kvcost-terms versions in the MLflow registry.")
+models_app = typer.Typer(
+    no_args_is_help=True, help="Review the kvcost-terms versions in the MLflow registry.", rich_markup_mode=None
+)
 
 
 @models_app.command("list")

@@ -9,8 +9,7 @@ object. The mapping, field → option:
 * type and default: the field's (an empty list default shows as none; a field without default
   is a required option, unless the model reads environment variables); ``bool`` fields are
   ``--x/--no-x`` flags, ``list[str]`` fields repeatable;
-* help: the field's ``description`` (a lower-case first word capitalised, a final full stop; rich
-  markup escaped);
+* help: the field's ``description`` (a lower-case first word capitalised, a final full stop);
 * range: ``ge`` / ``le`` become click's range check (shown in ``--help``; exit 2 naming the option);
   every other check (``gt``, ``lt``, lengths, validators) is the model's own, run when the object
   is built: its error is one line, ``error: --option = value, expected …``, exit 2.
@@ -35,7 +34,6 @@ import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsError
-from rich.markup import escape
 
 from kvcost.cli.common import guard
 
@@ -209,12 +207,12 @@ def option_parameter(name: str, info: FieldInfo, required: bool = True) -> inspe
 
 def help_text(description: str | None) -> str | None:
     """A field description as option help: a lower-case first word capitalised (not ``vLLM``, ``σ``), a final
-    full stop, rich markup escaped."""
+    full stop (click's plain help: no markup to escape)."""
     if not description:
         return None
     first_word = description.split(" ", 1)[0]
     text = description[0].upper() + description[1:] if first_word.isascii() and first_word.islower() else description
-    return escape(text if text.endswith(".") else text + ".")
+    return text if text.endswith(".") else text + "."
 
 
 def range_of(info: FieldInfo) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcost.cli import app
+from kvcost.routing.policies import ROUTER_POLICIES
 
 runner = CliRunner()
 
@@ -91,3 +92,12 @@ def test_unusable_outputs_fail_before_simulating(tmp_path):
     result = runner.invoke(app, ["replay", "--duration-s", "10", "--out", str(out), "--db", str(a_file)])
     assert result.exit_code == 2 and "cannot be opened" in result.output
     assert not out.exists()  # nothing written when the log is unusable
+
+
+def test_help_names_every_policy_whole_on_an_80_column_terminal():
+    result = runner.invoke(app, ["replay", "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    words = set(result.output.replace(",", " ").replace(".", " ").split())
+    assert set(ROUTER_POLICIES.names()) <= words
