@@ -8,9 +8,8 @@ from typing import Annotated
 
 import typer
 from rich.progress import Progress
-from rich.table import Table
 
-from kvcost.cli.common import PROGRESS_COLUMNS, console, guard
+from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, results_table
 from kvcost.cli.options import with_settings
 from kvcost.cli.tables import BENCH
 from kvcost.data.traces import check_trace_name
@@ -112,18 +111,9 @@ def _sensitivity(settings: ReplaySettings, options: dict) -> None:
 
 def print_bench(result: dict) -> None:
     """The bench table, best first per cluster size and load, and the report path."""
-    table = Table(
-        "workers",
-        "load",
-        "policy",
-        "TTFT P99 (s)",
-        "× best baseline",
-        "× oracle",
-        "hit ratio",
-        title=f"kvcost bench — {result['trace']} ({result['window']})",
-    )
-    for r in sorted(result["results"], key=lambda r: (r["workers"], r["load"], r["ttft_p99_s"])):
-        table.add_row(
+    header = ["workers", "load", "policy", "TTFT P99 (s)", "× best baseline", "× oracle", "hit ratio"]
+    rows = [
+        [
             str(r["workers"]),
             r["load"],
             r["policy"],
@@ -131,8 +121,12 @@ def print_bench(result: dict) -> None:
             _ratio(r["p99_vs_best_baseline"]),
             _ratio(r["p99_vs_oracle"]),
             f"{r['hit_ratio']:.1%}",
-        )
-    console.print(table)
+        ]
+        for r in sorted(result["results"], key=lambda r: (r["workers"], r["load"], r["ttft_p99_s"]))
+    ]
+    console.print(
+        results_table(header, rows, f"kvcost bench — {result['trace']} ({result['window']})", labels=3), soft_wrap=False
+    )
     calibration = result["calibration"]  # a list of levels, or a string when the scales were not calibrated
     missed = [c for c in calibration if not c["within_tolerance"]] if isinstance(calibration, list) else []
     for c in missed:

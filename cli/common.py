@@ -3,17 +3,63 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from kvcost.data.traces import TraceFormatError
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
+
+
+def results_table(header: list[str], rows: list[list[str]], title: str, labels: int = 1) -> Table:
+    """A command's result table, readable on an 80-column terminal.
+
+    No cell is cut with "…" (rich's default for a column too narrow for its longest word), and borders
+    are drawn only under the header (rich's default box took 16 of 80 columns with six columns):
+
+    * the first ``labels`` columns (a metric, a policy name) wrap between words, never inside one;
+    * the others are right-aligned and no wider than their widest value or header word; a header word
+      longer than 10 characters is broken before an underscore (``cost_aware`` / ``_evicting``), so
+      that five arms and their metric fit in 80.
+
+    Print it with ``soft_wrap=False`` (the consoles' ``soft_wrap=True`` would render it unwrapped).
+
+    Args:
+        header: column titles, ``len(header) >= labels``.
+        rows: each a list of ``len(header)`` cell strings.
+        title: printed above the table.
+        labels: how many leading columns hold labels, ≥ 0.
+    """
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, name in enumerate(header):
+        if i < labels:
+            table.add_column(name, min_width=max((len(word) for row in rows for word in row[i].split()), default=0))
+        else:
+            title_ = " ".join(_break_at_underscores(word) for word in name.split(" "))
+            widest = max(len(cell) for cell in [*title_.split(), *(row[i] for row in rows)])
+            table.add_column(title_, justify="right", max_width=widest)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _break_at_underscores(word: str, width: int = 10) -> str:
+    """``word`` in lines of at most ``width`` characters where it can be, broken before its underscores."""
+    lines = [""]
+    for part in re.split(r"(?=_)", word):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(lines)
+
 
 #: Columns of every progress bar.
 PROGRESS_COLUMNS = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

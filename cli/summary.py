@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.progress import Progress
-from rich.table import Table
 
-from kvcost.cli.common import PROGRESS_COLUMNS, console, guard
+from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, results_table
 from kvcost.replay.experiment import Configuration, attribution_lines
 from kvcost.replay.outputs import comparison_rows
 from kvcost.replay.runner import LearnedSetup, RunSpec, execute, prepare
@@ -32,10 +31,7 @@ def print_summary(summary: dict, out: Path) -> None:
     """The comparison table, attribution, prediction error and report path of ``summary.json``."""
     header, rows = comparison_rows(summary["configs"])
     title = f"kvcost — {summary['trace']}, {summary['workers']} workers evicting by {summary['eviction_policy']}"
-    table = Table(*header, title=title)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    console.print(results_table(header, rows, title), soft_wrap=False)
     if summary["skipped_lines"]:
         console.print(f"skipped {summary['skipped_lines']} malformed trace line(s)")
     if "attribution" in summary:
