@@ -22,7 +22,8 @@ err_console = Console(stderr=True, soft_wrap=True)
 def results_table(header: list[str], rows: list[list[str]], title: str, labels: int = 1) -> Table:
     """A command's result table, readable on an 80-column terminal.
 
-    No cell is cut with "…" (rich's default for a column too narrow for its longest word), and borders
+    No cell is cut with "…" (rich's default for a column too narrow for its longest word: a value folds
+    instead, and a table too wide for the terminal stays readable), and borders
     are drawn only under the header (rich's default box took 16 of 80 columns with six columns):
 
     * the first ``labels`` columns (a metric, a policy name) wrap between words, never inside one;
@@ -45,7 +46,7 @@ def results_table(header: list[str], rows: list[list[str]], title: str, labels: 
         else:
             title_ = " ".join(_break_at_underscores(word) for word in name.split(" "))
             widest = max(len(cell) for cell in [*title_.split(), *(row[i] for row in rows)])
-            table.add_column(title_, justify="right", max_width=widest)
+            table.add_column(title_, justify="right", max_width=widest, overflow="fold")
     for row in rows:
         table.add_row(*row)
     return table

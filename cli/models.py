@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from kvcost.cli.common import MlflowOpt, console, guard
+from kvcost.cli.common import MlflowOpt, console, guard, results_table
 from kvcost.replay.settings import DEFAULT_RATE_SCALE
 
 models_app = typer.Typer(
@@ -21,9 +20,12 @@ def models_list(mlflow_uri: MlflowOpt = None) -> None:
     from kvcost.models.mlflow_store import list_versions
 
     rows = guard(lambda: list_versions(mlflow_uri))
-    table = Table("version", "aliases", "TTFT MAE (s)", "analytic MAE (s)", "coverage 90", "feature spec", "run")
-    for r in rows:
-        table.add_row(
+    if not rows:
+        console.print("no kvcost-terms versions yet: run `kvcost train`")
+        return
+    header = ["version", "aliases", "TTFT MAE (s)", "analytic MAE (s)", "coverage 90", "feature spec", "run"]
+    cells = [
+        [
             str(r["version"]),
             ", ".join(r["aliases"]),
             _fmt(r["ttft_mae_s"], "{:.4f}"),
@@ -31,8 +33,10 @@ def models_list(mlflow_uri: MlflowOpt = None) -> None:
             _fmt(r["coverage_90"], "{:.1%}"),
             r["feature_spec_hash"] or "",
             r["run_id"][:12],
-        )
-    console.print(table if rows else "no kvcost-terms versions yet: run `kvcost train`")
+        ]
+        for r in rows
+    ]
+    console.print(results_table(header, cells, "kvcost-terms versions", labels=2), soft_wrap=False)
 
 
 @models_app.command("promote")
@@ -66,21 +70,18 @@ def models_promote(
             raise ValueError(str(exc)) from None
 
     result = guard(run)
-    table = Table("", "TTFT MAE (s)", "coverage 90", "|coverage − 0.9|", title=result.message)
-    for name, figures in (("challenger", result.challenger), ("champion", result.champion)):
-        if figures:
-            table.add_row(
-                name,
-                f"{figures['ttft_mae_s']:.4f}",
-                f"{figures['coverage_90']:.1%}",
-                f"{figures['coverage_error']:.3f}",
-            )
-    console.print(table)
+    cells = [
+        [name, f"{f['ttft_mae_s']:.4f}", f"{f['coverage_90']:.1%}", f"{f['coverage_error']:.3f}"]
+        for name, f in (("challenger", result.challenger), ("champion", result.champion))
+        if f
+    ]
+    header = ["", "TTFT MAE (s)", "coverage 90", "|coverage − 0.9|"]
+    console.print(results_table(header, cells, result.message), soft_wrap=False)
     if result.routing is not None:
-        routed = Table("replay", "TTFT P50 (s)", "TTFT P99 (s)")
-        for name, figures in result.routing.figures.items():
-            routed.add_row(name, f"{figures['ttft_p50_s']:.3f}", f"{figures['ttft_p99_s']:.3f}")
-        console.print(routed)
+        routed = [
+            [name, f"{f['ttft_p50_s']:.3f}", f"{f['ttft_p99_s']:.3f}"] for name, f in result.routing.figures.items()
+        ]
+        console.print(results_table(["replay", "TTFT P50 (s)", "TTFT P99 (s)"], routed, ""), soft_wrap=False)
     if not result.promoted:
         raise typer.Exit(code=1)
 

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from kvcost.cli.common import MlflowOpt, console, guard
+from kvcost.cli.common import MlflowOpt, console, guard, results_table
 from kvcost.data.store import DEFAULT_LOG_PATH
 
 DbOpt = Annotated[Path, typer.Option(help="DuckDB log, appended to.")]
@@ -28,10 +27,10 @@ def train(
     run_ids = [r.strip() for r in runs.split(",") if r.strip()] if runs else None
     with console.status("training"):
         outcome = guard(lambda: run_training(db, run_ids=run_ids, predictor=predictor, mlflow_uri=mlflow_uri, out=out))
-    table = Table(*METRIC_HEADER, title=f"kvcost train — holdout of {outcome.evaluation['rows']} requests")
-    for row in metric_rows(outcome.evaluation):
-        table.add_row(*row)
-    console.print(table)
+    title = f"kvcost train — holdout of {outcome.evaluation['rows']} requests (MAPEs in the report)"
+    mae_columns = METRIC_HEADER.index("MAPE learned")  # 80 columns hold six figures per term
+    rows = [row[:mae_columns] for row in metric_rows(outcome.evaluation)]
+    console.print(results_table(METRIC_HEADER[:mae_columns], rows, title), soft_wrap=False)
     console.print(
         f"coverage of the 90 % TTFT bound: {outcome.evaluation['coverage_90']:.1%}; "
         f"registered kvcost-terms version {outcome.version} as challenger"
