@@ -47,6 +47,10 @@ SERVE = SettingsTable(
         "engine_connect_timeout_s",
         "engine_read_timeout_s",
         "routed_ttl_s",
+        "heavy_workers",
+        "heavy_body_bytes",
+        "heavy_queue_limit",
+        "max_directory_blocks_per_worker",
     ),
     renames={
         "db_path": "db",

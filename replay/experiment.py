@@ -207,8 +207,8 @@ def _recompute_squeeze(results: dict[str, ReplayResult]) -> str:
     verdict = "TRIGGERED" if len(missed) and squeezed else "not triggered"
     return (
         f"Recompute of expected hits ({verdict}): {len(missed)} of {len(r)} cost_aware requests recomputed "
-        f"promised prefixes, {extra_prefill_s:.1f} s of prefill above prediction. Active requests held P90 {kv_p90:.0%} "
-        f"of KV while idle cached blocks averaged {idle_mean:.0f} per worker: "
+        f"promised prefixes, {extra_prefill_s:.1f} s of prefill above prediction. Active requests held P90 "
+        f"{kv_p90:.0%} of KV while idle cached blocks averaged {idle_mean:.0f} per worker: "
         + (
             "active requests squeeze the idle cache, so prefixes are evicted before their reuse."
             if squeezed

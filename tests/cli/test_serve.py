@@ -1,5 +1,7 @@
 """``kvcost serve``: errors name the option (or environment variable), settings from ``KVCOST_*`` variables."""
 
+from types import SimpleNamespace
+
 import pytest
 from typer.testing import CliRunner
 
@@ -77,3 +79,24 @@ def test_a_bad_environment_variable_exits_2_naming_it(tmp_path, served, env, lin
     assert result.exit_code == 2
     assert result.output.startswith(line) and result.output.count("\n") == 1
     assert served == []
+
+
+def test_the_heavy_work_and_directory_limits_the_readme_names_are_options(tmp_path, served, monkeypatch):
+    built = []
+    monkeypatch.setattr(
+        "kvcost.serving.api.create_app",
+        lambda settings: built.append(settings) or SimpleNamespace(state=SimpleNamespace()),
+    )
+    limits = ["--heavy-workers", "2", "--heavy-body-bytes", "4096", "--heavy-queue-limit", "0"]
+    limits += ["--max-directory-blocks-per-worker", "1024"]
+    result = runner.invoke(app, ["serve", "--analytic-only", "--db", str(tmp_path / "d.duckdb"), *limits])
+    assert result.exit_code == 0, result.output
+    s = built[0]
+    assert (s.heavy_workers, s.heavy_body_bytes, s.heavy_queue_limit, s.max_directory_blocks_per_worker) == (
+        2,
+        4096,
+        0,
+        1024,
+    )
+    result = runner.invoke(app, ["serve", "--analytic-only", "--heavy-workers", "0"])
+    assert result.exit_code == 2 and "--heavy-workers" in result.output
