@@ -22,6 +22,7 @@ from kvcost.cli.cost import cost
 from kvcost.cli.eviction_study import eviction_study
 from kvcost.cli.experiment import experiment
 from kvcost.cli.models import models_app
+from kvcost.cli.options import OneLineErrorsGroup
 from kvcost.cli.profile import profile
 from kvcost.cli.replay import replay
 from kvcost.cli.retrain import retrain
@@ -32,7 +33,13 @@ from kvcost.cli.workload import workload
 #: ``rich_markup_mode=None``: click's plain help, which wraps each option's help under its name. typer's rich
 #: panels give the help a column of ~18 characters on an 80-column terminal and cut long words with "…"
 #: (every policy name in ``replay --help`` read ``aibrix_prefix_ca…``).
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0], rich_markup_mode=None)
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help=__doc__.splitlines()[0],
+    rich_markup_mode=None,
+    cls=OneLineErrorsGroup,
+)
 app.command()(experiment)
 app.command("replay")(replay)
 app.command()(bench)

@@ -34,6 +34,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsError
+from typer.core import TyperGroup
 
 from kvcost.cli.common import guard
 
@@ -246,3 +247,41 @@ def env_value(name: str) -> str | None:
 def _expectation(message: str) -> str:
     """pydantic's ``Input should be …`` → ``expected …``; other messages unchanged."""
     return "expected " + message.removeprefix("Input should be ") if message.startswith("Input should be ") else message
+
+
+class _OneLineBadParameter(typer.BadParameter):
+    """A refused option value shown as one ``error:`` line (click's shows the usage block and no value)."""
+
+    def show(self, file: Any = None) -> None:
+        typer.echo(f"error: {self.message}", file=file, err=True)
+
+
+class OneLineErrorsGroup(TyperGroup):
+    """The ``kvcost`` group: a bad option value is ``error: --seed = -1, expected greater than or equal to 0``.
+
+    click (typer's copy) reports a value its type or range check refuses as ``Error: Invalid value for
+    '--seed': …`` under the usage block, without the value; every other bad input in kvcost is one line
+    naming the option, the value and what was expected (:func:`kvcost.cli.common.guard`). Exit status 2.
+    """
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        args = [*ctx._protected_args, *ctx.args]  # the command's own arguments, before click consumes them
+        try:
+            return super().invoke(ctx)
+        except typer.BadParameter as exc:
+            if exc.param is None or not exc.param.opts:
+                raise
+            option = max(exc.param.opts, key=len)
+            value = _given_value(args, exc.param.opts)
+            given = f" = {value}" if value is not None else ""
+            raise _OneLineBadParameter(f"{option}{given}, {_expectation(exc.message)}") from None
+
+
+def _given_value(args: list[str], opts: Iterable[str]) -> str | None:
+    """The last value ``args`` give an option named by any of ``opts`` (``--seed -1`` or ``--seed=-1``)."""
+    value = None
+    for i, arg in enumerate(args):
+        name, eq, attached = arg.partition("=")
+        if name in opts:
+            value = attached if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return value

@@ -405,6 +405,8 @@ def parse_workload_name(name: str) -> tuple[str, object, int | None]:
                 f"trace = {name!r}: {key} = {text!r}, expected {'an integer' if kind == 'int' else 'a number'}"
             ) from None
         if key == "seed":
+            if value < 0:
+                raise ValueError(f"trace = {name!r}: seed = {value}, expected an integer ≥ 0 (numpy's seeds)")
             seed = value
         else:
             values[key] = value

@@ -60,7 +60,9 @@ class ReplaySettings(BaseModel):
     rate_scale: float = Field(DEFAULT_RATE_SCALE, description="Arrival times are divided by this (2 = twice the load).")
     start_s: float = Field(0.0, description="Start of the trace window, seconds of trace time.")
     duration_s: float | None = Field(None, description="Length of the trace window, seconds of trace time.")
-    seed: int = Field(_cluster_default("seed"), description="Seed of every random stream (arrival spread, jitter).")
+    seed: int = Field(
+        _cluster_default("seed"), ge=0, description="Seed of every random stream (arrival spread, jitter)."
+    )
     warmup_s: float = Field(
         _cluster_default("warmup_s"), description="Simulate but do not measure arrivals before this, replay time s."
     )

@@ -199,3 +199,20 @@ def test_lazy_settings_are_built_by_the_command_with_overrides():
 def test_a_table_refuses_unknown_fields():
     with pytest.raises(ValueError, match="^Demo has no field nope, gone$"):
         SettingsTable(Demo, include=("workers", "nope"), renames={"gone": "x"})
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["replay", "--seed", "-1"], "error: --seed = -1, expected greater than or equal to 0"),
+        (["replay", "--workers=0"], "error: --workers = 0, expected greater than or equal to 1"),
+        (["replay", "--rate-scale", "abc"], "error: --rate-scale = abc, expected a valid number, unable to parse"),
+        (["models", "promote", "--workers", "x"], "error: --workers = x, expected a valid integer, unable to parse"),
+    ],
+)
+def test_a_refused_option_value_is_one_line_naming_the_option_and_value(args, line):
+    from kvcost.cli import app as kvcost_app
+
+    result = runner.invoke(kvcost_app, args)
+    assert result.exit_code == 2
+    assert result.output.startswith(line) and result.output.count("\n") == 1

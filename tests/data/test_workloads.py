@@ -95,6 +95,7 @@ def test_names_parse_into_parameters_and_seed():
         ("gen:agent:requests=0", ValueError, "^trace = 'gen:agent:requests=0': requests = 0, expected a finite number"),
         ("gen:multi-turn:turns_min=20", ValueError, ": turns_min = 20, expected ≤ turns_max = 18$"),
         ("gen:mix:requests=2", ValueError, ": requests = 2, expected a number ≥ 3$"),
+        ("gen:mix:seed=-1", ValueError, "^trace = 'gen:mix:seed=-1': seed = -1, expected an integer ≥ 0"),
     ],
 )
 def test_bad_names_say_what_is_wrong(name, error, message):
