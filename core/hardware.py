@@ -382,7 +382,9 @@ class StepTimeModel:
         tokens = int(free_bytes // self.kv_bytes_per_token_per_gpu)
         if tokens <= 0:
             raise ValueError(
-                f"no KV capacity: memory_bytes={self.gpu.memory_bytes} × "
+                f"model = {self.model.name!r} leaves no KV capacity on {self.gpu.name} with tensor_parallel "
+                f"{self.tp}, expected a higher tensor_parallel or a GPU with more memory: "
+                f"memory_bytes={self.gpu.memory_bytes} × "
                 f"gpu_memory_utilization={gpu_memory_utilization} − "
                 f"weight_bytes / tp={weight_bytes:.0f} − "
                 f"activation_reserve_bytes={activation_reserve_bytes} = {free_bytes:.0f} bytes, "
