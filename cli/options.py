@@ -269,12 +269,11 @@ class OneLineErrorsGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except typer.BadParameter as exc:
-            if exc.param is None or not exc.param.opts:
+            value = _given_value(args, exc.param.opts) if exc.param is not None else None
+            if value is None:  # a missing option, or an argument: click's own message says it
                 raise
             option = max(exc.param.opts, key=len)
-            value = _given_value(args, exc.param.opts)
-            given = f" = {value}" if value is not None else ""
-            raise _OneLineBadParameter(f"{option}{given}, {_expectation(exc.message)}") from None
+            raise _OneLineBadParameter(f"{option} = {value}, {_expectation(exc.message)}") from None
 
 
 def _given_value(args: list[str], opts: Iterable[str]) -> str | None:

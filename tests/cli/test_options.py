@@ -216,3 +216,11 @@ def test_a_refused_option_value_is_one_line_naming_the_option_and_value(args, li
     result = runner.invoke(kvcost_app, args)
     assert result.exit_code == 2
     assert result.output.startswith(line) and result.output.count("\n") == 1
+
+
+def test_a_missing_option_keeps_clicks_message():
+    from kvcost.cli import app as kvcost_app
+
+    result = runner.invoke(kvcost_app, ["cost", "--gpu", "h100"])
+    assert result.exit_code == 2
+    assert result.output.endswith("Error: Missing option '--prompt-tokens'.\n")
