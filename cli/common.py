@@ -42,7 +42,8 @@ def results_table(header: list[str], rows: list[list[str]], title: str, labels: 
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
     for i, name in enumerate(header):
         if i < labels:
-            table.add_column(name, min_width=max((len(word) for row in rows for word in row[i].split()), default=0))
+            words = [*name.split(), *(word for row in rows for word in row[i].split())]
+            table.add_column(name, min_width=max(map(len, words), default=0))
         else:
             title_ = " ".join(_break_at_underscores(word) for word in name.split(" "))
             widest = max(len(cell) for cell in [*title_.split(), *(row[i] for row in rows)])
