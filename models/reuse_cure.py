@@ -33,6 +33,7 @@ Saved as ``cure.json`` (parameters, H, bins); no pickle.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -165,11 +166,11 @@ class CureReuseModel(ReuseModel):
         observed = demand_t <= end_s
         gap_s = np.where(observed, demand_t, end_s) - idle_t
         classes = reused_share_class(periods["reused_blocks"].to_numpy(), periods["request_blocks"].to_numpy())
-        pooled = fit_cure(gap_s, observed)
+        pooled = functools.cache(lambda: fit_cure(gap_s, observed))  # fitted only for a thin class (half a refit)
         params = [
             fit_cure(gap_s[classes == c], observed[classes == c])
             if observed[classes == c].sum() >= MIN_OBSERVED_REUSES
-            else pooled
+            else pooled()
             for c in range(len(REUSED_SHARE_EDGES) + 1)
         ]
         return cls(horizon_s, params)
