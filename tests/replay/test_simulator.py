@@ -347,3 +347,25 @@ def test_a_tensor_parallel_fleet_of_a_70b_model_replays_with_the_groups_kv_capac
     step_model = StepTimeModel.for_hardware("llama-2-70b", "h100", tp=4)
     sim = ClusterSimulator(ClusterConfig(fleet=("h100",), model="llama-2-70b", tensor_parallel=4), BLOCK)
     assert sim.workers[0].pool.capacity_blocks == step_model.kv_capacity_blocks(BLOCK) == 496503 // BLOCK
+
+
+def test_the_growing_block_event_frame_equals_a_fresh_one_as_the_history_grows():
+    from types import SimpleNamespace
+
+    from kvcost.replay.simulator import _block_events, _GrowingBlockEvents
+
+    pools = [SimpleNamespace(block_events=[]) for _ in range(2)]
+    workers = [SimpleNamespace(worker_id=i, pool=pool) for i, pool in enumerate(pools)]
+    growing = _GrowingBlockEvents(workers)
+    pd.testing.assert_frame_equal(growing(), _block_events(workers))
+    pools[0].block_events += [(0.5, 11, "store", 0, 2, 0), (0.5, 12, "store", 1, 2, 0)]
+    pd.testing.assert_frame_equal(growing(), _block_events(workers))
+    pools[1].block_events.append((1.0, 11, "hit", 0, 3, 1))
+    pools[0].block_events.append((1.5, 12, "release", 1, 2, 0))
+    frame = growing()
+    pd.testing.assert_frame_equal(frame, _block_events(workers))
+    assert frame["worker_id"].tolist() == [0, 0, 0, 1] and frame["t_s"].tolist() == [0.5, 0.5, 1.5, 1.0]
+    pools[1].block_events.append((2.0, 2**63, "store", 0, 1, 0))  # past int64: uint64, converted whole again
+    frame = growing()
+    pd.testing.assert_frame_equal(frame, _block_events(workers))
+    assert frame["block_hash"].tolist() == [11, 12, 12, 11, 2**63]
