@@ -4,8 +4,8 @@
 Targets on the 2-core machine (issue #2, kept by issue 13): the four replays under 60 s wall time
 together, peak memory under 2 GiB. Run in a child process so that peak RSS is the replay's own.
 The fifth arm, ``cost_aware_evicting``, only changes how the workers evict; its refits of P(reuse)
-(21 on this trace, each on the whole block history) take longer than the four others together
-(38 s against 31 s on 2026-12-04), so it is timed on its own line, without a target.
+(21 on this trace, each on the whole block history) take about 3× a plain arm (70.8 s against 93.8 s
+for the four on 2026-12-05), so it is timed on its own line, without a target.
 """
 
 import json
