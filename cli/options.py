@@ -10,7 +10,8 @@ object. The mapping, field → option:
   is a required option, unless the model reads environment variables); ``bool`` fields are
   ``--x/--no-x`` flags, ``list[str]`` fields repeatable;
 * help: the field's ``description`` (a lower-case first word capitalised, a final full stop);
-* range: ``ge`` / ``le`` become click's range check (shown in ``--help``; exit 2 naming the option);
+* range: ``ge`` / ``le`` become click's range check (shown in ``--help``; its refusal is one line naming
+  the option and the value, :class:`OneLineErrorsGroup`, exit 2);
   every other check (``gt``, ``lt``, lengths, validators) is the model's own, run when the object
   is built: its error is one line, ``error: --option = value, expected …``, exit 2.
 
