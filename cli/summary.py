@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.progress import Progress
 
 from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, results_table
+from kvcost.data.traces import check_trace_name
 from kvcost.replay.experiment import Configuration, attribution_lines
 from kvcost.replay.outputs import comparison_rows
 from kvcost.replay.runner import LearnedSetup, RunSpec, execute, prepare
@@ -16,6 +17,7 @@ from kvcost.replay.settings import ReplaySettings
 def prepare_spec(settings: ReplaySettings) -> RunSpec:
     """Load the trace and check the cluster and outputs of ``settings``; bad input exits 2."""
     arguments = settings.prepare_arguments()
+    guard(lambda: check_trace_name(settings.trace))  # the error names --trace, not only the workload
     return guard(lambda: prepare(arguments.pop("trace"), **arguments))
 
 

@@ -318,10 +318,17 @@ def _setup_lines(
 
 def bench_policies(requested: Sequence[str] | None) -> list[str]:
     """Policies to benchmark: ``requested`` (validated), or every registered baseline, anchor, kvcost and reference
-    policy."""
+    policy.
+
+    Raises:
+        ValueError: a requested name is not a registered policy (``policies = '…': unknown router policy …``).
+    """
     if requested:
         for name in requested:
-            ROUTER_POLICIES.get(name)
+            try:
+                ROUTER_POLICIES.get(name)
+            except KeyError as exc:
+                raise ValueError(f"policies = {','.join(requested)!r}: {exc.args[0]}") from None
         return list(requested)
     names = [*REFERENCE_POLICIES[:2], *BASELINES, *ANCHORS, *KVCOST_POLICIES, REFERENCE_POLICIES[2]]
     return [name for name in names if name in ROUTER_POLICIES]

@@ -101,3 +101,9 @@ def test_help_names_every_policy_whole_on_an_80_column_terminal():
     assert max(len(line) for line in result.output.splitlines()) <= 80
     words = set(result.output.replace(",", " ").replace(".", " ").split())
     assert set(ROUTER_POLICIES.names()) <= words
+
+
+def test_an_unknown_workload_names_the_trace_option():
+    result = runner.invoke(app, ["replay", "--trace", "gen:mixx"])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: --trace = 'gen:mixx': unknown workload 'mixx'; expected one of: agent")

@@ -126,8 +126,9 @@ def test_bench_policies_default_order_and_unknown_name():
         "oracle",
     ]
     assert bench_policies(["oracle", "cost_aware"]) == ["oracle", "cost_aware"]
-    with pytest.raises(KeyError, match="unknown router policy 'nope'; expected one of: aibrix_prefix_cache"):
-        bench_policies(["nope"])
+    message = "^policies = 'cost_aware,nope': unknown router policy 'nope'; expected one of: aibrix_prefix_cache"
+    with pytest.raises(ValueError, match=message):
+        bench_policies(["cost_aware", "nope"])
 
 
 def test_parse_rate_scales_maps_each_size_to_the_three_load_levels():
