@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.progress import Progress
 
-from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, results_table
+from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, print_table
 from kvcost.cli.options import with_settings
 from kvcost.cli.tables import BENCH
 from kvcost.data.traces import check_trace_name
@@ -124,9 +124,7 @@ def print_bench(result: dict) -> None:
         ]
         for r in sorted(result["results"], key=lambda r: (r["workers"], r["load"], r["ttft_p99_s"]))
     ]
-    console.print(
-        results_table(header, rows, f"kvcost bench — {result['trace']} ({result['window']})", labels=3), soft_wrap=False
-    )
+    print_table(header, rows, f"kvcost bench — {result['trace']} ({result['window']})", labels=3)
     calibration = result["calibration"]  # a list of levels, or a string when the scales were not calibrated
     missed = [c for c in calibration if not c["within_tolerance"]] if isinstance(calibration, list) else []
     for c in missed:

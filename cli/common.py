@@ -31,7 +31,7 @@ def results_table(header: list[str], rows: list[list[str]], title: str, labels: 
       longer than 10 characters is broken before an underscore (``cost_aware`` / ``_evicting``), so
       that five arms and their metric fit in 80.
 
-    Print it with ``soft_wrap=False`` (the consoles' ``soft_wrap=True`` would render it unwrapped).
+    :func:`print_table` prints one on the console (the console's ``soft_wrap=True`` would render it unwrapped).
 
     Args:
         header: column titles, ``len(header) >= labels``.
@@ -51,6 +51,11 @@ def results_table(header: list[str], rows: list[list[str]], title: str, labels: 
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def print_table(header: list[str], rows: list[list[str]], title: str, labels: int = 1) -> None:
+    """Print :func:`results_table` on :data:`console`."""
+    console.print(results_table(header, rows, title, labels), soft_wrap=False)
 
 
 def _break_at_underscores(word: str, width: int = 10) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.progress import Progress
 
-from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, results_table
+from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, print_table
 from kvcost.cli.options import with_settings
 from kvcost.cli.tables import EVICTION_STUDY
 from kvcost.replay.settings import DEFAULT_REFIT_EVERY_S, ReplaySettings
@@ -76,7 +76,7 @@ def eviction_study(
         result = guard(lambda: run_study(study, folder, lambda n: progress.advance(task, n)))
     header, rows = study_table(result["results"])
     title = f"kvcost eviction study — {result['trace']} ({result['distinct_blocks']} blocks)"
-    console.print(results_table(header, rows, title, labels=3), soft_wrap=False)
+    print_table(header, rows, title, labels=3)
     for gain in result["cost_aware_vs_lru"]:
         console.print(
             f"cache {gain['cache_fraction']:g}: cost_aware saves "

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from kvcost.cli.common import MlflowOpt, console, guard, results_table
+from kvcost.cli.common import MlflowOpt, console, guard, print_table
 from kvcost.replay.settings import DEFAULT_RATE_SCALE
 
 models_app = typer.Typer(
@@ -36,7 +36,7 @@ def models_list(mlflow_uri: MlflowOpt = None) -> None:
         ]
         for r in rows
     ]
-    console.print(results_table(header, cells, "kvcost-terms versions", labels=2), soft_wrap=False)
+    print_table(header, cells, "kvcost-terms versions", labels=2)
 
 
 @models_app.command("promote")
@@ -76,12 +76,12 @@ def models_promote(
         if f
     ]
     header = ["", "TTFT MAE (s)", "coverage 90", "|coverage − 0.9|"]
-    console.print(results_table(header, cells, result.message), soft_wrap=False)
+    print_table(header, cells, result.message)
     if result.routing is not None:
         routed = [
             [name, f"{f['ttft_p50_s']:.3f}", f"{f['ttft_p99_s']:.3f}"] for name, f in result.routing.figures.items()
         ]
-        console.print(results_table(["replay", "TTFT P50 (s)", "TTFT P99 (s)"], routed, ""), soft_wrap=False)
+        print_table(["replay", "TTFT P50 (s)", "TTFT P99 (s)"], routed, "")
     if not result.promoted:
         raise typer.Exit(code=1)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, results_table
+from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, print_table
 from kvcost.data.traces import check_trace_name
 from kvcost.replay.experiment import Configuration, attribution_lines
 from kvcost.replay.outputs import comparison_rows
@@ -33,7 +33,7 @@ def print_summary(summary: dict, out: Path) -> None:
     """The comparison table, attribution, prediction error and report path of ``summary.json``."""
     header, rows = comparison_rows(summary["configs"])
     title = f"kvcost — {summary['trace']}, {summary['workers']} workers evicting by {summary['eviction_policy']}"
-    console.print(results_table(header, rows, title), soft_wrap=False)
+    print_table(header, rows, title)
     if summary["skipped_lines"]:
         console.print(f"skipped {summary['skipped_lines']} malformed trace line(s)")
     if "attribution" in summary:

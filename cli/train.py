@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvcost.cli.common import MlflowOpt, console, guard, results_table
+from kvcost.cli.common import MlflowOpt, console, guard, print_table
 from kvcost.data.store import DEFAULT_LOG_PATH
 
 DbOpt = Annotated[Path, typer.Option(help="DuckDB log, appended to.")]
@@ -30,7 +30,7 @@ def train(
     title = f"kvcost train — holdout of {outcome.evaluation['rows']} requests (MAPEs in the report)"
     mae_columns = METRIC_HEADER.index("MAPE learned")  # 80 columns hold six figures per term
     rows = [row[:mae_columns] for row in metric_rows(outcome.evaluation)]
-    console.print(results_table(METRIC_HEADER[:mae_columns], rows, title), soft_wrap=False)
+    print_table(METRIC_HEADER[:mae_columns], rows, title)
     console.print(
         f"coverage of the 90 % TTFT bound: {outcome.evaluation['coverage_90']:.1%}; "
         f"registered kvcost-terms version {outcome.version} as challenger"

@@ -167,7 +167,7 @@ class ClusterSimulator:
         if trace.block_size_tokens != self.block_size_tokens:
             raise ValueError(f"trace block_size_tokens = {trace.block_size_tokens}, expected {self.block_size_tokens}")
         log = _Log(self.config, len(self.workers), keep_unchosen=self.online is not None)
-        block_events = _GrowingBlockEvents(self.workers)
+        block_events = _GrowingBlockEvents(self.workers) if self.reuse_refit is not None else None
         self._trace = trace
         measured = [r.arrival_s for r in trace.requests if r.arrival_s >= self.config.warmup_s]
         for worker in self.workers:
