@@ -59,6 +59,7 @@ from kvcost.serving.engines.kv_subscriber import KVEventSubscriber
 from kvcost.serving.engines.liveness import EngineLiveness
 from kvcost.serving.error_bodies import ModelT, field_error_body, parse_json_body, validation_error_body
 from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError
+from kvcost.serving.gateway.load import SentLoad
 from kvcost.serving.gateway.routes import build_gateway, engine_client, openai, openai_error_response
 from kvcost.serving.gateway.sse import OpenAIError
 from kvcost.serving.heavy import HeavyPool, PoolBusyError
@@ -478,12 +479,13 @@ def kv_event_subscriber(settings: ServiceSettings, service: ScoringService) -> K
 
 
 def engine_scraper(
-    settings: ServiceSettings, service: ScoringService, liveness: EngineLiveness
+    settings: ServiceSettings, service: ScoringService, liveness: EngineLiveness, load: SentLoad | None = None
 ) -> EngineMetricsScraper | None:
     """A scraper turning the engines' ``/metrics`` into the service's worker snapshots, or None.
 
     Scraped: every ``settings.scrape`` target, and each gateway engine (``settings.engines``) that
-    no ``scrape`` entry names, at ``URL/metrics``. Each scrape's outcome reaches ``liveness``.
+    no ``scrape`` entry names, at ``URL/metrics``. Each scrape's outcome reaches ``liveness``; each
+    stored snapshot reaches the gateway's ``load`` (:meth:`SentLoad.scraped`), when there is a gateway.
     """
     targets = [parse_scrape_target(spec) for spec in settings.scrape]
     named = {t.worker_id for t in targets}
@@ -493,9 +495,16 @@ def engine_scraper(
             targets.append(ScrapeTarget(worker_id, f"{url}/metrics"))
     if not targets:
         return None
+
+    def push(worker_id: int, body: SnapshotIn) -> SnapshotAck:
+        ack = service.push_snapshot(worker_id, body)
+        if load is not None:
+            load.scraped(worker_id, ack.received_at_s)
+        return ack
+
     return EngineMetricsScraper(
         targets,
-        service.push_snapshot,
+        push,
         service.metrics,
         settings.scrape_interval_s,
         settings.scrape_timeout_s,
@@ -542,7 +551,7 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
         if client is not None:
             app.state.gateway = build_gateway(settings, service, client, liveness)
             liveness.on_new_process = app.state.gateway.engines.succeeded
-        scraper = engine_scraper(settings, service, liveness)
+        scraper = engine_scraper(settings, service, liveness, app.state.gateway.load if client is not None else None)
         if scraper is not None:
             scraper.start()
         app.state.engine_scraper = scraper

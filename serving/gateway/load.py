@@ -4,10 +4,17 @@ A metrics scrape is up to ``--scrape-interval-s`` old, and a burst of requests
 routed within one interval would all see the same queue. The gateway knows
 what it sent: each request it forwards is queued prefill work on that worker
 from routing until its first token, then a decoding request until its last.
-:class:`SentLoad` keeps those per worker, so Q is known at once; a scrape
-corrects it where it knows more (requests that reached the engine by another
-path, and the engine's own KV usage and step time): per quantity the larger of
-the two counts wins, since neither can undercount what the other saw.
+:class:`SentLoad` keeps those per worker, so Q is known at once. A scrape adds
+what only it knows: the requests that reached the engine by another path, and
+the engine's own KV usage and step time. It counts the gateway's own requests
+too, as they stood when it was read, so the gateway notes its own counts at
+each scrape (:meth:`SentLoad.scraped`) and takes from the scrape only the
+excess over them. A burst that has ended then leaves no load behind it for the
+rest of the interval: its requests are gone from the gateway's counts at once,
+and the scrape's stale copies of them are not counted twice. (kvcost's
+real-engine test caught the stale copies: a repeated prefix arriving just after
+a burst went to the worker without it, whose last scrape happened to be
+emptier.)
 
 The same accounting as NVIDIA Dynamo's KV router ("active blocks": incremented
 when a request is routed, updated as it generates, decremented when it completes;
@@ -48,6 +55,8 @@ class SentLoad:
     def __init__(self) -> None:
         self._sent: dict[int, _Sent] = {}
         self._by_worker: dict[int, dict[int, _Sent]] = {}
+        #: per worker, at its last noted scrape: (stored at, own waiting, own decoding, own decoding KV tokens)
+        self._at_scrape: dict[int, tuple[float, int, int, int]] = {}
 
     def __len__(self) -> int:
         return len(self._sent)
@@ -97,56 +106,117 @@ class SentLoad:
                 tokens += sent.prefill_tokens
         return waiting, decoding, tokens
 
+    def scraped(self, worker_id: int, received_at_s: float) -> None:
+        """A scrape of ``worker_id`` was stored at ``received_at_s`` (the service's clock): note what the
+        gateway had sent there at that moment, the part of the scrape's counts that is the gateway's own."""
+        own = self._own(worker_id)
+        self._at_scrape[worker_id] = (received_at_s, len(own.waiting), own.decoding, own.context_tokens)
+
     def snapshot(
-        self, worker_id: int, gpu: str, scraped: WorkerSnapshot | None, block_size_tokens: int
+        self,
+        worker_id: int,
+        gpu: str,
+        scraped: WorkerSnapshot | None,
+        block_size_tokens: int,
+        scraped_at_s: float | None = None,
     ) -> WorkerSnapshot:
-        """``worker_id``'s load: what the gateway sent, corrected by its last scrape.
+        """``worker_id``'s load: what the gateway sent, plus what its last scrape saw besides.
 
         Waiting requests: the gateway's own, FCFS, each ``(prefill tokens left, context
-        tokens)``; when the scrape counts more waiting than that, the extra ones (sent by
-        another path) are appended as the scrape describes them. Decoding requests and
-        their KV: the larger of the two. KV usage, capacity and step time: the scrape's
-        (0 = unknown without one). The decoders' progress: the tokens the gateway streamed for
-        each of its own (where the scrape counts more decoders, the KV-wait estimate takes the
-        progress as unknown).
+        tokens)``, then the scrape's requests in excess of the gateway's own at that scrape
+        (sent by another path), as the scrape describes them. Decoding requests and their KV
+        likewise: the gateway's own now, plus the scrape's excess. The excess is taken over all
+        requests (waiting + decoding), since the engine may count as running a request whose
+        first token has not reached the gateway yet. KV usage, capacity and step time: the
+        scrape's (0 = unknown without one). The decoders' progress: the tokens the gateway
+        streamed for each of its own (where there are other decoders, the KV-wait estimate takes
+        the progress as unknown).
+
+        A snapshot the gateway did not note (:meth:`scraped` with ``scraped_at_s``: one pushed
+        over the API, say) cannot be split into own and other requests; then per quantity the
+        larger of the two counts wins, since neither undercounts what the other saw.
 
         Args:
             worker_id: the worker.
             gpu: its GPU type (used when there is no scrape).
             scraped: its last scraped (or pushed) snapshot, or None.
             block_size_tokens: the engines' KV block size (≥ 1), for the blocks waiting prompts need.
+            scraped_at_s: when ``scraped`` was stored (the service's clock), or None if unknown.
 
         Returns:
             A :class:`WorkerSnapshot` for the router.
         """
-        own = self._by_worker.get(worker_id, {}).values()
-        waiting = tuple((s.prefill_tokens, s.context_tokens) for s in own if not s.decoding)
-        decoding = [s for s in own if s.decoding]
-        context = sum(s.context_tokens + s.prefill_tokens + s.generated_tokens for s in decoding)
-        own_blocks = sum(blocks_to_allocate(tokens + ctx, ctx, block_size_tokens) for tokens, ctx in waiting)
-        progress = tuple(s.generated_tokens for s in decoding)
+        own = self._own(worker_id)
+        own_blocks = sum(blocks_to_allocate(t + ctx, ctx, block_size_tokens) for t, ctx in own.waiting)
         if scraped is None:
             return WorkerSnapshot(
                 worker_id=worker_id,
                 gpu=gpu,
-                waiting_prefill=waiting,
-                running_requests=len(decoding),
-                decode_context_tokens=context,
+                waiting_prefill=own.waiting,
+                running_requests=own.decoding,
+                decode_context_tokens=own.context_tokens,
                 kv_usage=0.0,
                 idle_cached_blocks=0,
                 recent_step_s=0.0,
                 step_remaining_s=0.0,
                 waiting_prompt_blocks=own_blocks,
-                running_output_tokens=progress,
+                running_output_tokens=own.progress,
             )
-        extra = scraped.waiting_prefill[len(waiting) :]
-        running = max(len(decoding), scraped.running_requests - len(waiting))
+        noted = self._at_scrape.get(worker_id)
+        if noted is None or noted[0] != scraped_at_s:
+            return _larger_of(own, own_blocks, scraped, worker_id)
+        _, waiting_then, decoding_then, context_then = noted
+        scraped_waiting = len(scraped.waiting_prefill)
+        other = max(0, scraped_waiting + scraped.running_requests - waiting_then - decoding_then)
+        other_waiting = min(other, max(0, scraped_waiting - waiting_then))
+        other_running = other - other_waiting
+        other_context = max(0, scraped.decode_context_tokens - context_then) if other_running else 0
+        other_blocks = scraped.waiting_prompt_blocks * other_waiting // scraped_waiting if scraped_waiting else 0
         return replace(
             scraped,
             worker_id=worker_id,
-            waiting_prefill=waiting + tuple(extra),
-            running_requests=max(0, running),
-            decode_context_tokens=max(context, scraped.decode_context_tokens),
-            waiting_prompt_blocks=max(own_blocks, scraped.waiting_prompt_blocks),
-            running_output_tokens=progress,
+            waiting_prefill=own.waiting + scraped.waiting_prefill[scraped_waiting - other_waiting :],
+            running_requests=own.decoding + other_running,
+            decode_context_tokens=own.context_tokens + other_context,
+            waiting_prompt_blocks=own_blocks + other_blocks,
+            running_output_tokens=own.progress,
         )
+
+    def _own(self, worker_id: int) -> _Own:
+        """What the gateway has sent to ``worker_id`` and not seen finish."""
+        own = self._by_worker.get(worker_id, {}).values()
+        waiting = tuple((s.prefill_tokens, s.context_tokens) for s in own if not s.decoding)
+        decoding = [s for s in own if s.decoding]
+        return _Own(
+            waiting=waiting,
+            decoding=len(decoding),
+            context_tokens=sum(s.context_tokens + s.prefill_tokens + s.generated_tokens for s in decoding),
+            progress=tuple(s.generated_tokens for s in decoding),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Own:
+    """The gateway's own requests on one worker: waiting ``(prefill tokens left, context tokens)`` FCFS,
+    the number decoding, their KV tokens and their progress (output tokens each)."""
+
+    waiting: tuple[tuple[int, int], ...]
+    decoding: int
+    context_tokens: int
+    progress: tuple[int, ...]
+
+
+def _larger_of(own: _Own, own_blocks: int, scraped: WorkerSnapshot, worker_id: int) -> WorkerSnapshot:
+    """``scraped`` with the gateway's own requests, per quantity the larger count of the two (a snapshot
+    the gateway cannot split into its own requests and others'; see :meth:`SentLoad.snapshot`)."""
+    extra = scraped.waiting_prefill[len(own.waiting) :]
+    running = max(own.decoding, scraped.running_requests - len(own.waiting))
+    return replace(
+        scraped,
+        worker_id=worker_id,
+        waiting_prefill=own.waiting + tuple(extra),
+        running_requests=max(0, running),
+        decode_context_tokens=max(own.context_tokens, scraped.decode_context_tokens),
+        waiting_prompt_blocks=max(own_blocks, scraped.waiting_prompt_blocks),
+        running_output_tokens=own.progress,
+    )

@@ -212,9 +212,9 @@ class Gateway:
 
     def _snapshot(self, worker_id: int) -> WorkerSnapshot:
         stored = self.service.routing.snapshots.get(worker_id)
-        scraped = stored[0] if stored is not None else None
+        scraped, scraped_at_s = stored if stored is not None else (None, None)
         block = self.service.settings.block_size_tokens
-        return self.load.snapshot(worker_id, self.gpu, scraped, block)
+        return self.load.snapshot(worker_id, self.gpu, scraped, block, scraped_at_s)
 
     def _scrape_age_s(self, worker_id: int, now_s: float) -> float:
         stored = self.service.routing.snapshots.get(worker_id)

@@ -343,6 +343,21 @@ def _one(url: str, body: dict, request_id: str) -> Result:
     return asyncio.run(go())
 
 
+def _await_scrapes(serve: KvcostServe, workers: int, rounds: int, timeout_s: float = 30.0) -> None:
+    """Wait until every worker ``0 … workers − 1`` has ``rounds`` more successful scrapes than now
+    (``kvcost_engine_scrapes_total{result="ok"}``); two rounds hold one begun after this call."""
+
+    def ok_counts() -> list[float]:
+        text = serve.metrics()
+        return [metric(text, "kvcost_engine_scrapes_total", worker=str(w), result="ok") for w in range(workers)]
+
+    before = ok_counts()
+    deadline = time.monotonic() + timeout_s
+    while any(now < then + rounds for now, then in zip(ok_counts(), before, strict=True)):
+        assert time.monotonic() < deadline, f"no {rounds} scrapes of every engine within {timeout_s} s"
+        time.sleep(0.1)
+
+
 def _stored_blocks(serve: KvcostServe, settle_s: float = 0.3, timeout_s: float = 10.0) -> float:
     """Blocks the gateway's directory has ingested (``kvcost_kv_blocks_total{op="stored"}``, all workers),
     read once two reads ``settle_s`` apart agree (the KV event stream has caught up), or after ``timeout_s``."""
@@ -553,6 +568,9 @@ def test_approximate_mode_routes_a_repeated_prefix_to_the_worker_that_served_it(
         try:
             # the families arrive together: the gateway's own load accounting spreads them over both engines
             first = asyncio.run(send_open_loop(serve.url, [Spec(i, "completion", b) for i, b in enumerate(bodies)], 50))
+            # a scrape of each engine begun after the burst: the repeats meet idle engines, and differ only in
+            # what they hold (the gateway's split of a scrape taken during the burst is tested in test_load.py)
+            _await_scrapes(serve, len(engines), rounds=2)
             again = [
                 _one(serve.url, {**b, "prompt": b["prompt"] + [20, 21, 22]}, f"b-{i}") for i, b in enumerate(bodies)
             ]

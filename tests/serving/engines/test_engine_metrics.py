@@ -9,7 +9,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from kvcost.serving.api import create_app
+from kvcost.serving.api import create_app, engine_scraper
 from kvcost.serving.engines.engine_metrics import (
     EngineMetrics,
     EngineMetricsError,
@@ -21,6 +21,8 @@ from kvcost.serving.engines.engine_metrics import (
     snapshot_from_metrics,
     wanted_lines,
 )
+from kvcost.serving.engines.liveness import EngineLiveness
+from kvcost.serving.gateway.load import SentLoad
 from kvcost.serving.metrics import ServiceMetrics
 from kvcost.serving.schemas import SnapshotIn
 from kvcost.serving.service import ScoringService
@@ -380,3 +382,23 @@ def test_only_the_lines_read_reach_the_parser_and_the_reading_is_unchanged():
     noisy = vllm_text() + "# TYPE vllm:e2e_request_latency_seconds histogram\n" + buckets + "\n"
     assert parse_engine_metrics(noisy) == parse_engine_metrics(vllm_text())
     assert "e2e_request_latency" not in wanted_lines(noisy) and "vllm:num_requests_running" in wanted_lines(noisy)
+
+
+def test_a_gateways_scrape_notes_the_gateways_own_requests_as_they_stood(tmp_path, servers):
+    engine = servers(vllm_text())  # 3 requests waiting and 5 running, over its two data-parallel engines
+    now = [100.0]
+    settings = ServiceSettings(db_path=tmp_path / "log.duckdb", segment_roll_interval_s=0, scrape=[f"0={engine.url}"])
+    service = ScoringService(settings, clock=lambda: now[0], model_loader=None, registry_lister=None, roll=None)
+    service.start()
+    try:
+        load = SentLoad()
+        load.routed(1, worker_id=0, input_tokens=100, reusable_tokens=0)  # one of the 3 waiting is the gateway's
+        liveness = EngineLiveness(service.directory, service.lock, service.clock, None)
+        scraper = engine_scraper(settings, service, liveness, load)
+        assert asyncio.run(scraper.scrape_once()) == {0: "ok"}
+        stored, stored_at_s = service.routing.snapshots[0]
+        load.finished(1)  # it ends before the next scrape: the page's copy of it is not counted
+        snap = load.snapshot(0, "a100", stored, 16, stored_at_s)
+        assert (stored_at_s, snap.waiting_requests, snap.running_requests) == (100.0, 2, 5)
+    finally:
+        service.stop()

@@ -30,7 +30,7 @@ def test_a_request_queues_prefill_net_of_reuse_then_decodes_then_leaves():
     assert load.counts(0) == (1, 0, 50) and len(load) == 2
 
 
-def test_the_scrape_adds_what_the_gateway_did_not_send_and_keeps_the_larger_counts():
+def test_a_scrape_of_unknown_time_adds_what_the_gateway_did_not_send_and_keeps_the_larger_counts():
     load = SentLoad()
     load.routed(1, worker_id=0, input_tokens=100, reusable_tokens=64)
     # the engine also queues two requests sent by another path, and decodes more than the gateway knows
@@ -40,6 +40,44 @@ def test_the_scrape_adds_what_the_gateway_did_not_send_and_keeps_the_larger_coun
         4, 900, 0.5, 80,
     )  # fmt: skip
     assert snap.gpu == "a100"  # the scrape's own GPU type is kept
+
+
+def test_a_noted_scrape_adds_only_its_excess_over_the_gateways_own_requests_then():
+    load = SentLoad()
+    load.routed(1, worker_id=0, input_tokens=100, reusable_tokens=64)
+    load.routed(2, worker_id=0, input_tokens=200, reusable_tokens=0)
+    load.first_token(2)
+    load.generated(2, 4)  # request 2 decodes with 204 tokens of KV
+    load.scraped(0, received_at_s=10.0)
+    # the engine, read then: request 1 and one other waiting; request 2 and two others decoding (900 tokens of KV)
+    stored = scraped(waiting=[(80, 0)] * 2, running=3, context=900)
+    snap = load.snapshot(0, "a100", stored, 32, scraped_at_s=10.0)
+    assert snap.waiting_prefill == ((36, 64), (80, 0))
+    assert (snap.running_requests, snap.decode_context_tokens, snap.waiting_prompt_blocks) == (3, 204 + 696, 2 + 1)
+    # the burst ends before the next scrape: the scrape's copies of the gateway's requests go with it
+    load.finished(1)
+    load.finished(2)
+    snap = load.snapshot(0, "a100", stored, 32, scraped_at_s=10.0)
+    assert (snap.waiting_prefill, snap.running_requests, snap.decode_context_tokens) == (((80, 0),), 2, 696)
+    assert snap.waiting_prompt_blocks == 1
+
+
+def test_an_engine_running_what_the_gateway_counts_as_waiting_is_no_other_request():
+    # request 1 is in its prefill step on the engine (running there) and has no first token at the gateway yet
+    load = SentLoad()
+    load.routed(1, worker_id=0, input_tokens=100, reusable_tokens=0)
+    load.scraped(0, received_at_s=3.0)
+    snap = load.snapshot(0, "a100", scraped(running=1, context=100), 32, scraped_at_s=3.0)
+    assert (snap.waiting_prefill, snap.running_requests, snap.decode_context_tokens) == (((100, 0),), 0, 0)
+
+
+def test_a_snapshot_the_gateway_did_not_note_keeps_the_larger_counts():
+    load = SentLoad()
+    load.routed(1, worker_id=0, input_tokens=100, reusable_tokens=64)
+    load.scraped(0, received_at_s=3.0)
+    # pushed over the API at 4.0: which of its requests are the gateway's is unknown
+    snap = load.snapshot(0, "a100", scraped(waiting=[(80, 0)] * 3, running=5, context=900), 32, scraped_at_s=4.0)
+    assert (snap.waiting_prefill, snap.running_requests) == (((36, 64), (80, 0), (80, 0)), 4)
 
 
 def test_reuse_beyond_the_input_is_refused():
