@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: Resolution of every PNG but the eviction study's, dots per inch.
 DPI = 110
@@ -48,7 +50,7 @@ def plot_holdout_ttft(actual_s: np.ndarray, predicted_s: Mapping[str, np.ndarray
         The saved figure: one axes, one scatter collection per label, then the ``ideal``
         line from 1 ms to max(actual, 1 ms).
     """
-    fig = Figure(figsize=(6, 5.5))
+    fig = _figure((6, 5.5))
     ax = fig.subplots()
     for label, predicted in predicted_s.items():
         ax.scatter(actual_s, predicted, s=4, alpha=0.35, label=label)
@@ -77,7 +79,7 @@ def plot_ttft_cdf(ttft_s: Mapping[str, np.ndarray], path: Path, caption: str) ->
         The saved figure: one line per non-empty configuration, x = sorted TTFT, y = i / n for
         i = 1 … n, styles cycling through :data:`CDF_LINE_STYLES`.
     """
-    fig = Figure(figsize=(7, 4.5))
+    fig = _figure((7, 4.5))
     ax = fig.subplots()
     for i, (name, values) in enumerate(ttft_s.items()):
         ttft = np.sort(np.asarray(values))
@@ -85,7 +87,7 @@ def plot_ttft_cdf(ttft_s: Mapping[str, np.ndarray], path: Path, caption: str) ->
             style = CDF_LINE_STYLES[i % len(CDF_LINE_STYLES)]
             ax.plot(ttft, np.arange(1, ttft.size + 1) / ttft.size, style, label=name, lw=1.6)
     ax.set_xscale("log")
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_minor_formatter(_null_formatter())
     ax.set_xlabel("TTFT (s, log scale)")
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"TTFT CDF — {caption}", fontsize=10)
@@ -108,7 +110,7 @@ def plot_queues(samples: Mapping[str, pd.DataFrame], path: Path, caption: str) -
         ``worker_id``, label ``worker <id>``); the first panel's workers make the figure legend.
     """
     n = len(samples)
-    fig = Figure(figsize=(8, 2.4 * n + 0.8))
+    fig = _figure((8, 2.4 * n + 0.8))
     axes = fig.subplots(n, 1, sharex=True, sharey=True, squeeze=False)
     for ax, (name, frame) in zip(axes[:, 0], samples.items(), strict=True):
         for worker_id, group in frame.groupby("worker_id"):
@@ -140,7 +142,7 @@ def plot_p99_vs_load(rows: Sequence[Mapping], path: Path, line_styles: Mapping[s
     policy's measured utilisation, which a better policy itself lowers.
     """
     sizes = sorted({r["workers"] for r in rows})
-    fig = Figure(figsize=(6 * len(sizes), 4.6))
+    fig = _figure((6 * len(sizes), 4.6))
     axes = fig.subplots(1, len(sizes), squeeze=False, sharey=True)
     for ax, workers in zip(axes[0], sizes, strict=True):
         for policy in dict.fromkeys(r["policy"] for r in rows):
@@ -170,7 +172,7 @@ def plot_hit_vs_p99(rows: Sequence[Mapping], path: Path, marker_styles: Mapping[
         The saved figure: one axes, one scatter collection per policy in order of first appearance,
         its offsets the cells' (hit ratio, P99).
     """
-    fig = Figure(figsize=(7.5, 5))
+    fig = _figure((7.5, 5))
     ax = fig.subplots()
     for policy in dict.fromkeys(r["policy"] for r in rows):
         pts = [r for r in rows if r["policy"] == policy]
@@ -196,7 +198,7 @@ def plot_eviction_study(rows: Sequence[Mapping], path: Path, caption: str) -> Fi
         The saved figure: three axes (:data:`EVICTION_PANELS` order), one line per policy in order of
         first appearance with its runs' (cache fraction, value) sorted by fraction.
     """
-    fig = Figure(figsize=(15, 4.2))
+    fig = _figure((15, 4.2))
     axes = fig.subplots(1, 3)
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     for ax, (key, label) in zip(axes, EVICTION_PANELS, strict=True):
@@ -210,6 +212,21 @@ def plot_eviction_study(rows: Sequence[Mapping], path: Path, caption: str) -> Fi
     axes[0].legend()
     fig.suptitle(caption)
     return _save(fig, path, 120)
+
+
+def _figure(figsize: tuple[float, float]) -> Figure:
+    """A new figure of ``figsize`` inches. matplotlib is imported here, not at the top: every kvcost
+    command imports this module (through replay.runner), and importing matplotlib takes about 1 s."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize)
+
+
+def _null_formatter():
+    """A tick formatter that writes nothing (matplotlib imported on first use, as in :func:`_figure`)."""
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
 
 
 def _save(fig: Figure, path: Path, dpi: int, rect: tuple[float, float, float, float] | None = None) -> Figure:

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import minimize
 from scipy.special import ndtr
 
 from kvcost.models.reuse import REUSE_MODELS, ReuseModel, idle_periods
@@ -89,6 +88,10 @@ def fit_cure(gap_s: np.ndarray, observed: np.ndarray) -> tuple[float, float, flo
         used = math.log(pi) + _standard_normal_logpdf(z_used) - math.log(sigma) - log_used
         open_ = np.log(np.maximum(1.0 - pi * ndtr((log_open - mu) / sigma), 1e-300))
         return -float(used.sum() + open_.sum())
+
+    # imported here, not at the top: every kvcost command imports this module, and scipy.optimize
+    # takes about half a second to import
+    from scipy.optimize import minimize
 
     start = np.array([0.0, float(np.median(log_used)), 0.0])
     result = minimize(

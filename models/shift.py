@@ -32,8 +32,6 @@ ranking errors are.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingClassifier
-from sklearn.model_selection import cross_val_predict
 
 #: Largest weight (and 1 / smallest) before scaling to mean 1; an assumption that bounds the variance.
 MAX_WEIGHT = 10.0
@@ -71,6 +69,11 @@ def choice_shift_weights(
         m = len(unchosen_x)
     x = np.vstack([chosen_x, unchosen_x])
     y = np.concatenate([np.ones(n), np.zeros(m)])
+    # imported here, not at the top: every kvcost command imports this module (through replay.runner),
+    # and importing sklearn takes about 2 s of a command's start
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.model_selection import cross_val_predict
+
     classifier = HistGradientBoostingClassifier(max_iter=50, max_depth=3, random_state=seed)
     p_chosen = cross_val_predict(classifier, x, y, cv=2, method="predict_proba")[:n, 1]
     share = n / (n + m)

@@ -71,3 +71,13 @@ def test_drawing_a_plot_leaves_matplotlib_alone(tmp_path):
     state = _probe(_DRAW, str(tmp_path / "cdf.png"))
     assert state == {"pyplot": False, "backend": SENTINEL_BACKEND}
     assert (tmp_path / "cdf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_cli_starts_without_the_heavy_libraries():
+    # every command, --help and each refusal included, imports kvcost.cli first: sklearn, matplotlib and
+    # scipy.optimize took about 4 s of a start on this machine; they are imported where they are used
+    probe = "import json, sys, kvcost.cli; print(json.dumps(sorted(m for m in sys.argv[1:] if m in sys.modules)))"
+    heavy = ["sklearn", "matplotlib", "scipy.optimize", "scipy.stats", "lightgbm", "mlflow", "fastapi", "torch"]
+    done = subprocess.run([sys.executable, "-c", probe, *heavy], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
