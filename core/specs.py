@@ -257,13 +257,16 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     """A shipped model by name (:data:`MODELS`), or the model of a ``config.json`` path.
 
     Raises:
-        ValueError: neither a known name nor an existing path (the message lists the names).
+        ValueError: neither a known name nor an existing path (the message lists the names, or says
+            that the path is missing when the value looks like one: it has a ``/`` or ends in ``.json``).
     """
     if name_or_path in MODELS.names():
         return MODELS.get(name_or_path)
     path = Path(name_or_path)
     if path.exists():
         return load_model_config(path)
+    if "/" in name_or_path or name_or_path.endswith(".json"):
+        raise ValueError(f"model = {name_or_path!r}: no such file or folder, expected a path to a config.json")
     raise ValueError(
         f"model = {name_or_path!r}, expected one of {', '.join(MODELS.names())} or a path to a config.json"
     )

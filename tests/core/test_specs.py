@@ -94,6 +94,9 @@ def test_a_config_file_or_folder_resolves_and_an_unknown_name_is_refused(tmp_pat
     assert resolve_model("llama-3-8b") is MODELS.get("llama-3-8b")
     with pytest.raises(ValueError, match=r"model = 'nope', expected one of .* or a path to a config.json"):
         resolve_model("nope")
+    for missing in (str(tmp_path / "gone" / "config.json"), "gone.json"):
+        with pytest.raises(ValueError, match=r"model = '.*gone.*': no such file or folder, expected a path to a"):
+            resolve_model(missing)
     (folder / "config.json").write_text("{")
     with pytest.raises(ValueError, match="not JSON"):
         load_model_config(folder)
