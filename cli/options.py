@@ -55,15 +55,19 @@ class SettingsTable:
         exclude: fields left out (set through the environment or the model's default only).
         renames: field → option parameter name where the option is named otherwise
             (``{"gpu_default": "gpu"}`` gives ``--gpu``).
+        helps: field → this family's help for its option, where the field's description (shared by
+            every family) says more than applies here (``out``'s default folder differs by command).
     """
 
     model: type[BaseModel]
     include: tuple[str, ...] | None = None
     exclude: tuple[str, ...] = ()
     renames: Mapping[str, str] = field(default_factory=dict)
+    helps: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        unknown = [f for f in (*(self.include or ()), *self.exclude, *self.renames) if f not in self.model.model_fields]
+        named = (*(self.include or ()), *self.exclude, *self.renames, *self.helps)
+        unknown = [f for f in named if f not in self.model.model_fields]
         if unknown:
             raise ValueError(f"{self.model.__name__} has no field {', '.join(unknown)}")
 
@@ -87,7 +91,9 @@ class SettingsTable:
         """
         reads_env = issubclass(self.model, BaseSettings)
         return [
-            option_parameter(self.parameter(n), self.model.model_fields[n], required=not reads_env)
+            option_parameter(
+                self.parameter(n), self.model.model_fields[n], required=not reads_env, help=self.helps.get(n)
+            )
             for n in self.fields()
         ]
 
@@ -189,11 +195,12 @@ def given_options(context: typer.Context, names: Iterable[str]) -> set[str]:
     return {n for n, source in sources.items() if source is not None and source.name != "DEFAULT"}
 
 
-def option_parameter(name: str, info: FieldInfo, required: bool = True) -> inspect.Parameter:
+def option_parameter(name: str, info: FieldInfo, required: bool = True, help: str | None = None) -> inspect.Parameter:
     """The typer option of one pydantic field, as a keyword-only parameter called ``name``.
 
     A field without default is a required option, or with ``required=False`` one whose absence
-    the model reports (its value may come from elsewhere, e.g. an environment variable).
+    the model reports (its value may come from elsewhere, e.g. an environment variable). Its help
+    is ``help`` when given, else the field's description.
     """
     if info.is_required():
         annotation, default = info.annotation | None, None if not required else inspect.Parameter.empty
@@ -201,7 +208,7 @@ def option_parameter(name: str, info: FieldInfo, required: bool = True) -> inspe
         annotation, default = info.annotation, info.get_default(call_default_factory=True)
     if default is not None and get_origin(annotation) is list and not default:
         annotation, default = annotation | None, None  # typer's repeatable option: None when not given
-    option = typer.Option(help=help_text(info.description), **range_of(info))
+    option = typer.Option(help=help_text(help or info.description), **range_of(info))
     return inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
     )

@@ -9,9 +9,20 @@ from kvcost.serving.settings import ServiceSettings
 #: ``kvcost experiment`` and ``kvcost replay``: every replay setting.
 REPLAY = SettingsTable(ReplaySettings)
 #: ``kvcost bench``: the trace, seed, the workers' eviction policy and output folder (the grid fixes sizes and loads).
-BENCH = SettingsTable(ReplaySettings, include=("trace", "seed", "eviction_policy", "out"))
+BENCH = SettingsTable(
+    ReplaySettings,
+    include=("trace", "seed", "eviction_policy", "out"),
+    helps={
+        "out": "Output folder (default runs/bench-<UTC timestamp>; with --sensitivity "
+        "runs/sensitivity-<UTC timestamp>)."
+    },
+)
 #: ``kvcost eviction-study``: the trace window, load, seed and output folder (the study fixes the cluster).
-EVICTION_STUDY = SettingsTable(ReplaySettings, include=("trace", "duration_s", "rate_scale", "seed", "out"))
+EVICTION_STUDY = SettingsTable(
+    ReplaySettings,
+    include=("trace", "duration_s", "rate_scale", "seed", "out"),
+    helps={"out": "Output folder (default runs/eviction-<UTC timestamp>)."},
+)
 #: ``kvcost serve``, in the order of its ``--help``. ``mlflow_uri`` has its own options (``--mlflow-uri``,
 #: ``--analytic-only``); the limits and timeouts are set through ``KVCOST_*`` environment variables only.
 SERVE = SettingsTable(

@@ -115,8 +115,7 @@ class ReplaySettings(BaseModel):
     skip_bad_lines: bool = Field(False, description="Skip malformed trace lines and report how many.")
     out: Path | None = Field(
         None,
-        description="Output folder (default runs/<UTC timestamp>; kvcost bench: runs/bench-<UTC timestamp>, with "
-        "--sensitivity runs/sensitivity-<UTC timestamp>; kvcost eviction-study: runs/eviction-<UTC timestamp>).",
+        description="Output folder (default runs/<UTC timestamp>).",
     )
     db: Path = Field(DEFAULT_LOG_PATH, description="DuckDB log, appended to.")
 

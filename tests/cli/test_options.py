@@ -197,8 +197,14 @@ def test_lazy_settings_are_built_by_the_command_with_overrides():
 
 
 def test_a_table_refuses_unknown_fields():
-    with pytest.raises(ValueError, match="^Demo has no field nope, gone$"):
-        SettingsTable(Demo, include=("workers", "nope"), renames={"gone": "x"})
+    with pytest.raises(ValueError, match="^Demo has no field nope, gone, lost$"):
+        SettingsTable(Demo, include=("workers", "nope"), renames={"gone": "x"}, helps={"lost": "y"})
+
+
+def test_a_family_help_replaces_the_fields_description_for_its_option_only():
+    table = SettingsTable(Demo, include=("workers", "out"), helps={"out": "folder, default runs/x"})
+    params = {p.name: get_args(p.annotation)[1].help for p in table.parameters()}
+    assert params == {"workers": "Number of workers.", "out": "Folder, default runs/x."}
 
 
 @pytest.mark.parametrize(
