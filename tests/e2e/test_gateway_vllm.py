@@ -60,6 +60,8 @@ REQUESTS = int(os.environ.get("KVCOST_E2E_REQUESTS", "400"))
 #: request's admission (``above``). Measured over 6 runs of 400: 0–3 above; 0–5 ``below``, before in-flight
 #: entries left with their requests' first tokens rather than with the first store of their chain (stop 25).
 AGREEMENT = 0.98
+#: The most requests of a run's 400 whose match was below the engine's hit by a timing race (0–5 measured).
+MAX_RACES_BELOW = 5
 MAX_NUM_SEQS = int(os.environ.get("KVCOST_E2E_MAX_NUM_SEQS", "2"))
 #: The main run's arrival rate (open loop, Poisson arrivals) is this load × the engines' capacity measured
 #: just before it on this machine (:func:`measure_capacity_per_s`), not a fixed rate: a fixed 12/s gave each
@@ -313,10 +315,12 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
     chat_counts = agreement(chat)
     print(f"[e2e] chat: {chat_counts} of {len(chat)}")
     # A chat template hashed otherwise than vLLM applies it shows as a match *below* the engine's hit on every
-    # chat request that reuses a prefix; a match above it is an eviction race, which no hash can cause and
-    # the overall check above counts. Among only 80 chat requests, 2 such races (0–4 in 400 per run) failed
-    # a 98 % bound that counted them (stop 29's CI run: 70 equal, 8 in flight, 2 above).
-    assert chat_counts["below"] <= (1 - AGREEMENT) * len(chat), f"chat agreement {chat_counts}"
+    # chat request that reuses a prefix: 84 of 88 did in one run (2026-12-05). A match above it is an eviction
+    # race, which no hash can cause and the overall check above counts. Timing races give a few below too
+    # (0–5 in 400 per run): one chat request below of 80 was already at a 98 % bound's limit (2026-12-05,
+    # e2e-374: directory 32, engine 512 tokens, after 32.7 s queued), and 2 above once failed one that counted
+    # those (stop 29's CI run). So the bound is the races' most, far under what a wrong template gives.
+    assert chat_counts["below"] <= MAX_RACES_BELOW, f"chat agreement {chat_counts}"
     assert any(r["actual_reuse_tokens"] > 0 for r in chat)
     assert proxy.dropped == 1
     assert metric(text, "kvcost_kv_event_replays_requested_total", worker="1") >= 1
