@@ -12,7 +12,9 @@ from rich.progress import Progress
 from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, print_table
 from kvcost.cli.options import with_settings
 from kvcost.cli.tables import BENCH
+from kvcost.core.hardware import GPUS
 from kvcost.data.traces import check_trace_name
+from kvcost.replay.bench import DEFAULT_HARDWARE, BenchHardware
 from kvcost.replay.runner import bench_policies, execute_bench, parse_rate_scales
 from kvcost.replay.sensitivity import execute_sensitivity, sensitivity_traces
 from kvcost.replay.settings import ReplaySettings
@@ -40,6 +42,10 @@ def bench(
             "and bench.md lists every replay's P99. A busy cell's P99 moves by ±7–20 % between such replays.",
         ),
     ] = 1,
+    gpu: Annotated[
+        str,
+        typer.Option(help=f"GPU type of every worker: {', '.join(GPUS.names())} (with --model and --tensor-parallel)."),
+    ] = DEFAULT_HARDWARE.gpu,
     sensitivity: Annotated[
         bool,
         typer.Option(
@@ -50,7 +56,7 @@ def bench(
 ) -> None:
     """Every policy at ~60/80/95 % utilisation on 4 and 8 workers: bench.json, bench.md, plots."""
 
-    def parse() -> tuple[list[int], list[str], dict | None]:
+    def parse() -> tuple[list[int], list[str], dict | None, BenchHardware]:
         try:
             size_list = [int(x) for x in sizes.split(",") if x.strip()]
         except ValueError:
@@ -61,9 +67,11 @@ def bench(
             )
         given = parse_rate_scales(rate_scales, size_list) if rate_scales is not None else None
         check_trace_name(settings.trace)
-        return size_list, bench_policies([p.strip() for p in policies.split(",")] if policies else None), given
+        hardware = BenchHardware(gpu, settings.model, settings.tensor_parallel)
+        names = bench_policies([p.strip() for p in policies.split(",")] if policies else None)
+        return size_list, names, given, hardware
 
-    size_list, names, given = guard(parse)
+    size_list, names, given, hardware = guard(parse)
     options = {
         "sizes": size_list,
         "policies": names,
@@ -71,6 +79,7 @@ def bench(
         "jobs": jobs,
         "replays": replays,
         "eviction_policy": settings.eviction_policy,
+        "hardware": hardware,
     }
     if sensitivity:
         _sensitivity(settings, options)

@@ -8,10 +8,11 @@ from kvcost.serving.settings import ServiceSettings
 
 #: ``kvcost experiment`` and ``kvcost replay``: every replay setting.
 REPLAY = SettingsTable(ReplaySettings)
-#: ``kvcost bench``: the trace, seed, the workers' eviction policy and output folder (the grid fixes sizes and loads).
+#: ``kvcost bench``: the trace, seed, the workers' eviction policy, model and tensor-parallel degree (``--gpu`` is
+#: the bench's own option) and output folder (the grid fixes sizes and loads).
 BENCH = SettingsTable(
     ReplaySettings,
-    include=("trace", "seed", "eviction_policy", "out"),
+    include=("trace", "seed", "eviction_policy", "model", "tensor_parallel", "out"),
     helps={
         "out": "Output folder (default runs/bench-<UTC timestamp>; with --sensitivity "
         "runs/sensitivity-<UTC timestamp>)."

@@ -27,6 +27,7 @@ from functools import lru_cache, partial
 
 import pandas as pd
 
+from kvcost.core.hardware import GPUS
 from kvcost.data.traces import Trace, load_trace
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.experiment import replay
@@ -81,16 +82,61 @@ ONLINE_RETRAIN_S = 300.0
 QUICK_DURATION_S = 120.0
 
 
+_CLUSTER = ClusterConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class BenchHardware:
+    """What every worker of a bench is: its GPU type, the model it serves and its tensor-parallel degree.
+
+    The default is :class:`~kvcost.replay.config.ClusterConfig`'s (one A100 per worker serving
+    Llama-3-8B), the hardware :data:`LOAD_LEVELS` was measured on. On any other hardware the load
+    levels are found by bisection on every trace (the constants would not be 60/80/95 % there).
+    A bench on a model or GPU the router was never tuned on shows whether its choices rest on
+    one step-time curve: the cost model prices prefill, queue and transfer with the hardware's
+    own step-time model, so its rule should carry over.
+
+    Attributes:
+        gpu: GPU type of every worker (a name of ``kvcost.core.hardware.GPUS``).
+        model: model name (``kvcost.core.specs.MODELS``) or path to a ``config.json``.
+        tensor_parallel: GPUs per worker (≥ 1).
+
+    Raises:
+        ValueError: an unknown GPU or model, a degree < 1, or a model that leaves no KV capacity on
+            that GPU (the message names the field).
+    """
+
+    gpu: str = _CLUSTER.fleet[0]
+    model: str = _CLUSTER.model
+    tensor_parallel: int = _CLUSTER.tensor_parallel
+
+    def __post_init__(self) -> None:
+        if self.gpu not in GPUS:
+            raise ValueError(f"gpu = {self.gpu!r}, expected one of {', '.join(GPUS.names())}")
+        self.cluster(1).step_model(self.gpu).kv_capacity_tokens()
+
+    def cluster(self, workers: int, **settings) -> ClusterConfig:
+        """A :class:`ClusterConfig` of ``workers`` such workers, with the other ``settings`` (its fields)."""
+        return ClusterConfig(
+            model=self.model, fleet=(self.gpu,) * workers, tensor_parallel=self.tensor_parallel, **settings
+        )
+
+
+#: The hardware of a bench unless asked: an A100 per worker serving Llama-3-8B.
+DEFAULT_HARDWARE = BenchHardware()
+
+
 @dataclass(frozen=True, slots=True)
 class BenchCell:
     """One (policy, load level, cluster size) replay; the workers evict by ``eviction_policy`` (vLLM's ``lru``
-    unless asked)."""
+    unless asked) and are ``hardware`` (an A100 serving Llama-3-8B unless asked)."""
 
     policy: str
     load: str
     workers: int
     rate_scale: float
     eviction_policy: str = "lru"
+    hardware: BenchHardware = DEFAULT_HARDWARE
 
 
 def rate_scales(workers: int) -> dict[str, float]:
@@ -105,11 +151,12 @@ def bench_cells(
     sizes: Sequence[int],
     scales: dict[int, dict[str, float]] | None = None,
     eviction_policy: str = "lru",
+    hardware: BenchHardware = DEFAULT_HARDWARE,
 ) -> list[BenchCell]:
     """The grid, size-major then load then policy; ``scales`` (workers → load → rate scale)
-    defaults to :func:`rate_scales`; every cell's workers evict by ``eviction_policy``."""
+    defaults to :func:`rate_scales`; every cell's workers evict by ``eviction_policy`` and are ``hardware``."""
     return [
-        BenchCell(policy, load, workers, scale, eviction_policy)
+        BenchCell(policy, load, workers, scale, eviction_policy, hardware)
         for workers in sizes
         for load, scale in (scales[workers] if scales else rate_scales(workers)).items()
         for policy in policies
@@ -210,20 +257,21 @@ def calibrate_load_levels(
     start: float | None = None,
     targets: dict[str, float] | None = None,
     eviction_policy: str = "lru",
+    hardware: BenchHardware = DEFAULT_HARDWARE,
 ) -> dict[str, Calibration]:
-    """Rate scales at which ``least_loaded`` on ``workers`` A100s measures each :data:`TARGET_UTILISATION`.
+    """Rate scales at which ``least_loaded`` on ``workers`` workers measures each :data:`TARGET_UTILISATION`.
 
     Levels are found in increasing order, each reusing the replays of the ones
     before (one shared scale → utilisation table). The search starts at
     ``start`` (default ``workers / 4``: the trace as recorded on 4 workers);
-    ``targets`` defaults to :data:`TARGET_UTILISATION`. The workers evict by ``eviction_policy``, as in
-    the cells the levels are for.
+    ``targets`` defaults to :data:`TARGET_UTILISATION`. The workers evict by ``eviction_policy`` and are
+    ``hardware``, as in the cells the levels are for.
     """
     start = workers / 4 if start is None else start
     known: dict[float, float] = {}
 
     def measure(scale: float) -> float:
-        cell = BenchCell(CALIBRATION_POLICY, "calibration", workers, scale, eviction_policy)
+        cell = BenchCell(CALIBRATION_POLICY, "calibration", workers, scale, eviction_policy, hardware)
         utilisation = float(run_cell(cell, trace, duration_s, seed, False)["utilisation"])
         _log.info("calibrating %s, %d workers: rate scale %.4g → utilisation %.3f", trace, workers, scale, utilisation)
         return utilisation
@@ -237,10 +285,16 @@ def calibrate_load_levels(
 
 
 def calibrate(
-    trace: str, sizes: Sequence[int], duration_s: float | None, seed: int, jobs: int, eviction_policy: str = "lru"
+    trace: str,
+    sizes: Sequence[int],
+    duration_s: float | None,
+    seed: int,
+    jobs: int,
+    eviction_policy: str = "lru",
+    hardware: BenchHardware = DEFAULT_HARDWARE,
 ) -> dict[int, dict[str, Calibration]]:
     """:func:`calibrate_load_levels` for every cluster size (sizes in parallel when ``jobs`` > 1)."""
-    levels = partial(calibrate_load_levels, eviction_policy=eviction_policy)
+    levels = partial(calibrate_load_levels, eviction_policy=eviction_policy, hardware=hardware)
     if jobs <= 1 or len(sizes) == 1:
         return {w: levels(trace, w, duration_s, seed) for w in sizes}
     with ProcessPoolExecutor(max_workers=min(jobs, len(sizes))) as pool:
@@ -302,11 +356,8 @@ def run_cell(
 def _replay_row(
     cell: BenchCell, trace: str, duration_s: float | None, seed: int, keep_samples: bool, rate_scale: float
 ) -> dict:
-    config = ClusterConfig(
-        fleet=("a100",) * cell.workers,
-        seed=seed,
-        router=RouterSettings(policy=cell.policy),
-        eviction_policy=cell.eviction_policy,
+    config = cell.hardware.cluster(
+        cell.workers, seed=seed, router=RouterSettings(policy=cell.policy), eviction_policy=cell.eviction_policy
     )
     online = OnlineSettings(retrain_every_s=ONLINE_RETRAIN_S) if ROUTER_POLICIES.get(cell.policy).learned else None
     result = replay(_trace(trace, rate_scale, duration_s, seed), config, online=online)

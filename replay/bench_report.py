@@ -57,8 +57,8 @@ def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str])
         parts += _replay_spread(group)
     parts += [
         f"Set-up: {header['trace']}, window {header['window']}, seed {header['seed']}, prefix cache on "
-        f"(the workers evict by `{header.get('eviction_policy', 'lru')}`), "
-        "A100-80GB workers serving Llama-3-8B. Utilisation is the share of time a worker had a request "
+        f"(the workers evict by `{header.get('eviction_policy', 'lru')}`), {_hardware(header)}. "
+        "Utilisation is the share of time a worker had a request "
         "waiting for its first token. The best baseline is the lowest P99 of the anchor routers that ran, of "
         "the nine (not kvcost's own policies, `least_loaded` or `round_robin`)." + _replays_note(header),
         "",
@@ -66,6 +66,14 @@ def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str])
         "",
     ]
     path.write_text("\n".join(parts))
+
+
+def _hardware(header: dict) -> str:
+    """``"a100 workers serving llama-3-8b"`` (with the tensor-parallel degree when over 1); a header from before
+    the hardware was recorded was written on that default."""
+    hardware = header.get("hardware", {"gpu": "a100", "model": "llama-3-8b", "tensor_parallel": 1})
+    tp = f", tensor parallel {hardware['tensor_parallel']}" if hardware["tensor_parallel"] > 1 else ""
+    return f"{hardware['gpu']} workers serving {hardware['model']}{tp}"
 
 
 def _replays_note(header: dict) -> str:

@@ -31,10 +31,12 @@ from kvcost.replay.bench import (
     ANCHORS,
     BASELINES,
     CALIBRATED_TRACES,
+    DEFAULT_HARDWARE,
     KVCOST_POLICIES,
     QUICK_DURATION_S,
     REFERENCE_POLICIES,
     TARGET_UTILISATION,
+    BenchHardware,
     add_ratios,
     bench_cells,
     best_baseline,
@@ -348,16 +350,18 @@ def execute_bench(
     given_scales: dict[int, dict[str, float]] | None = None,
     replays: int = 1,
     eviction_policy: str = "lru",
+    hardware: BenchHardware = DEFAULT_HARDWARE,
 ) -> dict:
     """Run the benchmark grid and write ``bench.json``, ``bench.md`` and plots into ``out``.
 
-    Every cell's workers, and the calibration's, evict by ``eviction_policy`` (the header records it).
+    Every cell's workers, and the calibration's, evict by ``eviction_policy`` and are ``hardware``
+    (GPU, model, tensor-parallel degree); the header records both.
 
     Each cell is replayed ``replays`` times at nearby rate scales and reported by its median-P99
     replay (:func:`kvcost.replay.bench.run_cell`); the header records ``replays``.
 
     Load levels: with ``calibrate_levels`` (default: every trace but those of
-    ``CALIBRATED_TRACES``) the rate scales are found by bisection per cluster
+    ``CALIBRATED_TRACES`` on the default hardware) the rate scales are found by bisection per cluster
     size (``kvcost.replay.bench.calibrate``); else the constants of
     ``rate_scales``. ``given_scales`` (workers → load label → rate scale, every size
     present; e.g. a previous run's calibration, :func:`parse_rate_scales`) skips both.
@@ -377,10 +381,11 @@ def execute_bench(
     out = out if out is not None else Path("runs") / f"bench-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     _make_out(out)
     if calibrate_levels is None:
-        calibrate_levels = trace not in CALIBRATED_TRACES and given_scales is None
-    found = calibrate(trace, sizes, duration_s, seed, jobs, eviction_policy) if calibrate_levels else None
+        constants = trace in CALIBRATED_TRACES and hardware == DEFAULT_HARDWARE
+        calibrate_levels = not constants and given_scales is None
+    found = calibrate(trace, sizes, duration_s, seed, jobs, eviction_policy, hardware) if calibrate_levels else None
     scales = {w: {k: c.rate_scale for k, c in found[w].items()} for w in sizes} if found else given_scales
-    cells = bench_cells(policies, sizes, scales, eviction_policy)
+    cells = bench_cells(policies, sizes, scales, eviction_policy, hardware)
     queue_cell = (min(sizes), "80%")
     rows = run_bench(
         cells, trace, duration_s, seed, jobs, lambda c: (c.workers, c.load) == queue_cell, progress, replays
@@ -393,11 +398,12 @@ def execute_bench(
         "quick": quick,
         "replays": replays,
         "eviction_policy": eviction_policy,
+        "hardware": asdict(hardware),
         "window": window,
         "sizes": list(sizes),
         "load_levels": {str(w): scales[w] if scales else rate_scales(w) for w in sizes},
         "requests": len(loaded),
-        "physical_limit_ttft_p99_s": physical_limit_ttft_p99_s(loaded, ClusterConfig(fleet=("a100",))),
+        "physical_limit_ttft_p99_s": physical_limit_ttft_p99_s(loaded, hardware.cluster(1)),
         "calibration": [asdict(c) for w in sizes for c in found[w].values()] if found else _scales_source(given_scales),
     }
     plots = ["p99_vs_load.png", "hit_ratio_vs_p99.png", "worker_queues.png"]

@@ -5,8 +5,16 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcost.cli import app
-from kvcost.replay import bench
-from kvcost.replay.bench import BenchCell, add_ratios, bench_cells, best_baseline, rate_scales
+from kvcost.replay import bench, runner
+from kvcost.replay.bench import (
+    TARGET_UTILISATION,
+    BenchCell,
+    BenchHardware,
+    add_ratios,
+    bench_cells,
+    best_baseline,
+    rate_scales,
+)
 from kvcost.replay.bench_report import reading
 
 
@@ -145,6 +153,53 @@ def test_the_cells_and_the_calibration_replay_under_the_asked_eviction_policy(mo
     assert seen == [("cost_aware", "gdsf")] + [("least_loaded", "lhd")] * levels["x"].replays
 
 
+def test_the_cells_and_the_calibration_replay_on_the_asked_hardware(monkeypatch):
+    seen = []
+
+    def recording_replay(trace, config, **kwargs):
+        seen.append((config.router.policy, config.fleet, config.model, config.tensor_parallel))
+        return real_replay(trace, config, **kwargs)
+
+    real_replay = bench.replay
+    monkeypatch.setattr(bench, "replay", recording_replay)
+    h100 = BenchHardware("h100", "llama-3-70b", 4)
+    assert {c.hardware for c in bench_cells(["a"], [4], hardware=h100)} == {h100}
+    bench.run_cell(BenchCell("cost_aware", "60%", 2, 0.5, "lru", h100), "mooncake-conversation", 20.0, 0, False)
+    levels = bench.calibrate_load_levels("mooncake-conversation", 2, 20.0, 0, targets={"x": 0.5}, hardware=h100)
+    assert (
+        seen
+        == [("cost_aware", ("h100",) * 2, "llama-3-70b", 4)]
+        + [("least_loaded", ("h100",) * 2, "llama-3-70b", 4)] * levels["x"].replays
+    )
+
+
+def test_hardware_the_load_level_constants_were_not_measured_on_calibrates_every_trace(monkeypatch, tmp_path):
+    asked = []
+
+    def fake_calibrate(trace, sizes, duration_s, seed, jobs, eviction_policy, hardware):
+        asked.append(hardware)
+        levels = TARGET_UTILISATION.items()
+        return {w: {k: bench.Calibration(k, t, w, 0.5, t, 1, True) for k, t in levels} for w in sizes}
+
+    monkeypatch.setattr(runner, "calibrate", fake_calibrate)
+    h100 = BenchHardware("h100")
+    options = {"sizes": [2], "policies": ["cost_aware"], "quick": True, "jobs": 1}
+    header = runner.execute_bench("mooncake-conversation", seed=0, out=tmp_path, hardware=h100, **options)
+    assert asked == [h100] and header["hardware"] == {"gpu": "h100", "model": "llama-3-8b", "tensor_parallel": 1}
+    assert header["load_levels"] == {"2": {"60%": 0.5, "80%": 0.5, "95%": 0.5}}
+    header = runner.execute_bench("mooncake-conversation", seed=0, out=tmp_path, **options)
+    assert asked == [h100] and header["load_levels"] == {"2": rate_scales(2)}  # the constants, on their hardware
+
+
+def test_bench_hardware_refuses_what_no_worker_can_be_by_name():
+    with pytest.raises(ValueError, match="^gpu = 'tpu', expected one of a100, "):
+        BenchHardware("tpu")
+    with pytest.raises(ValueError, match="^model = 'llama-3.1-405b' leaves no KV capacity on a100 with tensor_par"):
+        BenchHardware(model="llama-3.1-405b")
+    with pytest.raises(ValueError, match="^tensor_parallel = 0, expected an integer ≥ 1$"):
+        BenchHardware(tensor_parallel=0)
+
+
 def test_bench_rejects_bad_sizes_and_policies(tmp_path):
     runner = CliRunner()
     bad = runner.invoke(app, ["bench", "--eviction-policy", "fifo", "--out", str(tmp_path)])
@@ -153,6 +208,10 @@ def test_bench_rejects_bad_sizes_and_policies(tmp_path):
     assert bad.exit_code == 2 and "sizes = 'four'" in bad.output
     bad = runner.invoke(app, ["bench", "--policies", "magic", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "unknown router policy 'magic'" in bad.output
+    bad = runner.invoke(app, ["bench", "--gpu", "tpu", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "--gpu = 'tpu', expected one of a100," in bad.output
+    bad = runner.invoke(app, ["bench", "--model", "llama-3-70b", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "--model = 'llama-3-70b' leaves no KV capacity on a100" in bad.output
 
 
 def test_bench_replays_each_cell_and_lists_every_p99(tmp_path):
