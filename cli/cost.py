@@ -10,7 +10,7 @@ import typer
 
 from kvcost.cli.common import console, err_console, guard
 from kvcost.core.engine_profile import EngineProfile
-from kvcost.core.hardware import StepTimeModel
+from kvcost.core.hardware import GPUS, StepTimeModel
 
 
 def cost_figures(
@@ -56,7 +56,9 @@ def cost_figures(
         step_model = EngineProfile.load(profile).step_time_model()
     elif model is None or gpu is None:
         missing = "model" if model is None else "gpu"
-        raise ValueError(f"{missing} = None, expected --model and --gpu, or --profile")
+        raise ValueError(f"--{missing} is missing, expected --model and --gpu, or --profile")
+    elif gpu not in GPUS:
+        raise ValueError(f"gpu = {gpu!r}, expected one of {', '.join(GPUS.names())}")
     else:
         step_model = StepTimeModel.for_hardware(model, gpu, tp=tp)
     figures = {
@@ -104,7 +106,8 @@ def cost(
 ) -> None:
     """Predicted prefill time of one request and decode step time of a batch, for capacity planning."""
     figures, step_model = guard(
-        lambda: cost_figures(model, gpu, tp, prompt_tokens, cached_tokens, batch, context_tokens, profile)
+        lambda: cost_figures(model, gpu, tp, prompt_tokens, cached_tokens, batch, context_tokens, profile),
+        aliases={"tensor_parallel": "tp"},
     )
     limit = step_model.model.max_position_embeddings
     for what, tokens in (("prompt", prompt_tokens + cached_tokens), ("decode context", context_tokens)):

@@ -180,6 +180,21 @@ def _require(ok: bool, field: str, value: object, expectation: str) -> None:
         raise ValueError(f"{field} = {value!r}: expected {expectation}")
 
 
+def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
+    """Check that ``tp`` GPUs can split ``model``: an integer ≥ 1 dividing its attention (query) heads, as
+    vLLM requires (each GPU holds whole heads).
+
+    Raises:
+        ValueError: ``tensor_parallel = 3: expected an integer >= 1 dividing the 64 attention heads``.
+    """
+    _require(
+        isinstance(tp, int) and tp >= 1 and model.num_q_heads % tp == 0,
+        "tensor_parallel",
+        tp,
+        f"an integer >= 1 dividing the {model.num_q_heads} attention heads",
+    )
+
+
 class StepTimeModel:
     """Time of one continuous-batching step of ``model`` on one ``gpu``.
 
@@ -233,12 +248,7 @@ class StepTimeModel:
             "a value in (0, 1]",
         )
         _require(step_overhead_s >= 0, "step_overhead_s", step_overhead_s, "a value >= 0")
-        _require(
-            isinstance(tp, int) and tp >= 1 and model.num_q_heads % tp == 0,
-            "tp",
-            tp,
-            f"an integer >= 1 dividing the {model.num_q_heads} attention heads",
-        )
+        check_tensor_parallel(model, tp)
         if attention_flops_efficiency is None:
             attention_flops_efficiency = default_attention_efficiency(gpu)
         self.model, self.gpu, self.profile, self.tp = model, gpu, profile, tp

@@ -113,7 +113,7 @@ class BenchHardware:
     def __post_init__(self) -> None:
         if self.gpu not in GPUS:
             raise ValueError(f"gpu = {self.gpu!r}, expected one of {', '.join(GPUS.names())}")
-        self.cluster(1).step_model(self.gpu).kv_capacity_tokens()
+        self.cluster(1).check_hardware()
 
     def cluster(self, workers: int, **settings) -> ClusterConfig:
         """A :class:`ClusterConfig` of ``workers`` such workers, with the other ``settings`` (its fields)."""

@@ -119,6 +119,19 @@ class ClusterConfig:
         """Number of workers."""
         return len(self.fleet)
 
+    def check_hardware(self) -> None:
+        """Check that every GPU type of the fleet can run the model: its step-time model builds (the
+        tensor-parallel degree divides the attention heads) and, unless :attr:`kv_capacity_blocks` is
+        given, the weights leave KV capacity. Not part of construction: it costs about 30 ms a GPU type.
+
+        Raises:
+            ValueError: the message names ``tensor_parallel`` or ``model``, the value and what was expected.
+        """
+        for gpu in dict.fromkeys(self.fleet):
+            step_model = self.step_model(gpu)
+            if self.kv_capacity_blocks is None:
+                step_model.kv_capacity_tokens(self.gpu_memory_utilization)
+
     def step_model(self, gpu: str) -> StepTimeModel:
         """The step-time model of a worker of type ``gpu``: a profile's (:attr:`profiles`) or the
         model's on that GPU at :attr:`tensor_parallel`, with :attr:`token_budget`."""

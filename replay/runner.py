@@ -117,6 +117,7 @@ def prepare(
         router=RouterSettings(count_in_flight=count_in_flight, max_share_over_mean=max_share_over_mean),
         **cluster,
     )
+    config.check_hardware()
     last_arrival_s = loaded.requests[-1].arrival_s
     if config.warmup_s > last_arrival_s:
         raise ValueError(

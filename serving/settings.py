@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kvcost.core.engine_profile import EngineProfile
-from kvcost.core.hardware import GPUS, MODELS, resolve_model
+from kvcost.core.hardware import GPUS, MODELS, check_tensor_parallel, resolve_model
 from kvcost.core.types import Namespace
 from kvcost.data.store import DEFAULT_LOG_PATH
 from kvcost.models.mlflow_store import check_tracking_uri
@@ -263,7 +263,7 @@ class ServiceSettings(BaseSettings):
             check_tracking_uri(self.mlflow_uri)
         if self.protect_reads and self.token_file is None:
             raise ValueError("protect_reads = True needs token_file (--token-file): there is no token to require")
-        resolve_model(self.model)
+        check_tensor_parallel(resolve_model(self.model), self.tensor_parallel)
         known = [*GPUS.names(), *(EngineProfile.load(path).name for path in self.profile)]
         if self.gpu_default not in known:
             raise ValueError(f"gpu_default = {self.gpu_default!r}, expected one of {', '.join(known)}")

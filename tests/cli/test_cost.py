@@ -32,10 +32,11 @@ def test_a_config_path_works_and_a_long_prompt_is_warned_not_refused(tmp_path):
     ("args", "message"),
     [
         (["--model", "gpt-4"], "--model = 'gpt-4', expected one of llama-2-70b"),
-        (["--gpu", "v100"], "unknown gpu 'v100'"),
+        (["--gpu", "v100"], "--gpu = 'v100', expected one of a100, a100-40gb"),
         (["--prompt-tokens", "0"], "--prompt-tokens = 0, expected an integer ≥ 1"),
-        (["--tp", "3"], "tp = 3: expected an integer >= 1 dividing the 32 attention heads"),
-        (["--gpu", None], "--gpu = None, expected --model and --gpu, or --profile"),
+        (["--tp", "3"], "error: --tp = 3: expected an integer >= 1 dividing the 32 attention heads"),
+        (["--gpu", None], "--gpu is missing, expected --model and --gpu, or --profile"),
+        (["--model", None, "--gpu", "tpu"], "--model is missing, expected --model and --gpu, or --profile"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(args, message):

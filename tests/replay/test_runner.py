@@ -100,6 +100,10 @@ def test_experiment_learned_with_an_empty_registry_runs_and_says_it_fell_back(tm
 def test_prepare_refuses_a_warmup_past_the_last_arrival_and_an_out_that_is_a_file(tmp_path):
     with pytest.raises(ValueError, match=r"warmup_s = 1e\+06, expected less than the last arrival \("):
         _prepare(tmp_path, warmup_s=1e6)
+    with pytest.raises(ValueError, match="^tensor_parallel = 3: expected an integer >= 1 dividing the 64 attention"):
+        _prepare(tmp_path, model="llama-3-70b", tensor_parallel=3)  # before any replay starts
+    with pytest.raises(ValueError, match="^model = 'llama-3.1-405b' leaves no KV capacity on l40s"):
+        _prepare(tmp_path, model="llama-3.1-405b", fleet="l40s:2")
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="out = '.*file' is a file, expected a folder"):
         _prepare(tmp_path, out=tmp_path / "file")

@@ -38,6 +38,7 @@ def test_gateway_engines_and_lora_modules_are_parsed_and_bad_entries_name_the_fi
         ({"lora_modules": ["a=/x", "a=/y"]}, "lora_modules entry 'a=/y', expected NAME=PATH (each name once)"),
         ({"tokenizer": tmp_path / "none"}, f"tokenizer = '{tmp_path / 'none'}' is not a folder"),
         ({"hash_extra_keys": "tags"}, "Input should be 'tagged' or 'bare'"),
+        ({"model": "llama-3-70b", "tensor_parallel": 3}, "tensor_parallel = 3: expected an integer >= 1"),
     ]
     for fields, message in bad:
         with pytest.raises(ValidationError) as info:
