@@ -225,7 +225,7 @@ def test_a_tensor_parallel_step_is_one_shard_plus_two_allreduces_per_layer():
     # each GPU holds a quarter of the weights
     free = 80 * GIB_BYTES * 0.9 - model.weight_bytes / 4 - 2 * GIB_BYTES
     assert m.kv_capacity_tokens() == int(free // m.kv_bytes_per_token_per_gpu)
-    with pytest.raises(ValueError, match="^tensor_parallel = 3: expected an integer >= 1 dividing the 64 attention heads"):
+    with pytest.raises(ValueError, match="^tensor_parallel = 3: expected an integer >= 1 dividing the 64 attention"):
         StepTimeModel(model, h100, None, tp=3)
 
 
