@@ -61,6 +61,8 @@ def bench(
             size_list = [int(x) for x in sizes.split(",") if x.strip()]
         except ValueError:
             raise ValueError(f"sizes = {sizes!r}, expected comma-separated integers such as '4,8'") from None
+        if not size_list or min(size_list) < 1:
+            raise ValueError(f"sizes = {sizes!r}, expected comma-separated worker counts ≥ 1 such as '4,8'")
         if sensitivity and rate_scales is not None:
             raise ValueError(
                 f"rate_scales = {rate_scales!r} with --sensitivity, expected none (each variant calibrates its own)"
@@ -68,7 +70,7 @@ def bench(
         given = parse_rate_scales(rate_scales, size_list) if rate_scales is not None else None
         check_trace_name(settings.trace)
         hardware = BenchHardware(gpu, settings.model, settings.tensor_parallel)
-        names = bench_policies([p.strip() for p in policies.split(",")] if policies else None)
+        names = bench_policies([p.strip() for p in policies.split(",")] if policies is not None else None)
         return size_list, names, given, hardware
 
     size_list, names, given, hardware = guard(parse)

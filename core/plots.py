@@ -130,13 +130,14 @@ def plot_p99_vs_load(rows: Sequence[Mapping], path: Path, line_styles: Mapping[s
     """TTFT P99 (log) against the load level (target utilisation), one line per policy, one panel per size.
 
     Args:
-        rows: bench cells with ``workers``, ``policy``, ``utilisation`` and ``ttft_p99_s``; at least one.
+        rows: bench cells with ``workers``, ``policy``, ``load`` (a label such as ``"60%"``) and
+            ``ttft_p99_s``; at least one.
         path: the PNG to write.
         line_styles: policy → keyword arguments of ``Axes.plot`` (every policy in ``rows``).
 
     Returns:
         The saved figure: one axes per worker count (ascending), one line per policy in order of
-        first appearance with its cells' (utilisation, P99) sorted by utilisation.
+        first appearance with its cells' (target utilisation in %, P99) sorted by the target.
 
     The x axis is the offered load (the same arrivals for every policy), not each
     policy's measured utilisation, which a better policy itself lowers.
@@ -147,7 +148,9 @@ def plot_p99_vs_load(rows: Sequence[Mapping], path: Path, line_styles: Mapping[s
     for ax, workers in zip(axes[0], sizes, strict=True):
         for policy in dict.fromkeys(r["policy"] for r in rows):
             pts = sorted(
-                (r["utilisation"], r["ttft_p99_s"]) for r in rows if r["policy"] == policy and r["workers"] == workers
+                (float(r["load"].rstrip("%")), r["ttft_p99_s"])
+                for r in rows
+                if r["policy"] == policy and r["workers"] == workers
             )
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=policy, **line_styles[policy])
         ax.set_yscale("log")

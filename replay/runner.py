@@ -324,8 +324,11 @@ def bench_policies(requested: Sequence[str] | None) -> list[str]:
     policy.
 
     Raises:
-        ValueError: a requested name is not a registered policy (``policies = '…': unknown router policy …``).
+        ValueError: a requested name is not a registered policy (``policies = '…': unknown router policy …``),
+            or ``requested`` names none.
     """
+    if requested is not None and not [name for name in requested if name]:
+        raise ValueError("policies = '', expected comma-separated router policies (or no --policies for all)")
     if requested:
         for name in requested:
             try:

@@ -208,6 +208,12 @@ def test_bench_rejects_bad_sizes_and_policies(tmp_path):
     assert bad.exit_code == 2 and "sizes = 'four'" in bad.output
     bad = runner.invoke(app, ["bench", "--policies", "magic", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "unknown router policy 'magic'" in bad.output
+    for sizes in ("0", "4,-2", ""):
+        bad = runner.invoke(app, ["bench", "--sizes", sizes, "--out", str(tmp_path)])
+        assert bad.exit_code == 2 and f"sizes = '{sizes}', expected comma-separated worker counts ≥ 1" in bad.output
+        assert "bench cells" not in bad.output  # refused before any progress bar
+    bad = runner.invoke(app, ["bench", "--policies", "", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "policies = '', expected comma-separated router policies" in bad.output
     bad = runner.invoke(app, ["bench", "--gpu", "tpu", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "--gpu = 'tpu', expected one of a100," in bad.output
     bad = runner.invoke(app, ["bench", "--model", "llama-3-70b", "--out", str(tmp_path)])
