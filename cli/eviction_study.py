@@ -31,7 +31,8 @@ def eviction_study(
     refit_every_s: Annotated[
         float,
         typer.Option(
-            help="Refit cost_aware's cure P(reuse) on the pools' block history every S replay seconds (0: never)."
+            min=0,
+            help="Refit cost_aware's cure P(reuse) on the pools' block history every S replay seconds (0: never).",
         ),
     ] = DEFAULT_REFIT_EVERY_S,
     jobs: Annotated[int, typer.Option(min=1, help="Parallel processes.")] = 2,
@@ -61,7 +62,7 @@ def eviction_study(
             seed=settings.seed,
             horizon_s=horizon_s,
             reuse_model=reuse_model,
-            refit_every_s=refit_every_s or None,
+            refit_every_s=None if refit_every_s == 0 else refit_every_s,
             jobs=jobs,
         )
         check_settings(study)

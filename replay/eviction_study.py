@@ -118,6 +118,10 @@ def check_settings(s: StudySettings) -> None:
             raise ValueError(
                 f"policies contains {name!r}, expected registered eviction policies: {', '.join(EVICTION_POLICIES)}"
             )
+    if s.duration_s is not None and not (s.duration_s > 0 and math.isfinite(s.duration_s)):
+        raise ValueError(f"duration_s = {s.duration_s!r}, expected a finite number of seconds > 0 (or none: all)")
+    if not (s.rate_scale > 0 and math.isfinite(s.rate_scale)):
+        raise ValueError(f"rate_scale = {s.rate_scale!r}, expected a finite number > 0")
     if not 0 < s.train_fraction < 1:
         raise ValueError(f"train_fraction = {s.train_fraction!r}, expected a number in (0, 1)")
     if s.horizon_s is not None and not (s.horizon_s > 0 and math.isfinite(s.horizon_s)):

@@ -89,6 +89,14 @@ def test_bad_settings_exit_2_with_the_reason(tmp_path):
         check_settings(StudySettings(policies=("mru",)))
     with pytest.raises(ValueError, match="reuse_model = 'xgb'"):
         check_settings(StudySettings(reuse_model="xgb"))
+    for args, line in (
+        (["--duration-s", "-1"], "--duration-s = -1.0, expected a finite number of seconds > 0 (or none: all)"),
+        (["--rate-scale", "0"], "--rate-scale = 0.0, expected a finite number > 0"),
+        (["--refit-every-s", "-1"], "--refit-every-s = -1, expected greater than or equal to 0"),
+    ):
+        result = runner.invoke(app, ["eviction-study", *args, "--out", str(tmp_path)])
+        assert result.exit_code == 2 and line in result.output, result.output
+        assert "eviction study runs" not in result.output  # refused before any run starts
 
 
 def test_the_study_fits_the_cure_model_by_default_and_cost_aware_loads_what_was_saved(tmp_path):
