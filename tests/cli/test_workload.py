@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from kvcost.cli import app
@@ -23,4 +24,19 @@ def test_workload_writes_a_mooncake_trace_that_replays(tmp_path):
 def test_workload_refuses_an_unknown_shape_with_one_line(tmp_path):
     result = runner.invoke(app, ["workload", "gen:nope", str(tmp_path / "x.jsonl")])
     assert result.exit_code == 2
-    assert "nope" in result.output and not (tmp_path / "x.jsonl").exists()
+    assert "error: NAME = 'gen:nope': unknown workload 'nope'; expected one of: agent" in result.output
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["gen:mix:requests=-5", "{tmp}/x.jsonl"], "error: NAME = 'gen:mix:requests=-5': requests = -5, expected"),
+        (["gen:mix", "{tmp}/nope/x.jsonl"], "error: OUT = '{tmp}/nope/x.jsonl': no folder '{tmp}/nope', expected"),
+        (["gen:mix", "{tmp}/x.csv"], "error: OUT = '{tmp}/x.csv', expected a .jsonl path"),
+    ],
+)
+def test_workload_names_its_argument_in_a_refusal(tmp_path, args, line):
+    result = runner.invoke(app, ["workload", *(a.format(tmp=tmp_path) for a in args)])
+    assert result.exit_code == 2 and line.format(tmp=tmp_path) in " ".join(result.output.split()), result.output
+    assert list(tmp_path.iterdir()) == []
