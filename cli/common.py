@@ -78,8 +78,8 @@ def _tracking_uri(uri: str | None) -> str | None:
 
     try:
         return check_tracking_uri(uri) if uri is not None else None
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    except ValueError as exc:  # the one-line refusal names the option and value itself: keep the reason only
+        raise typer.BadParameter(str(exc).split(": ", 1)[-1]) from None
 
 
 MlflowOpt = Annotated[

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from kvcost.cli.common import guard
+from kvcost.cli.common import MlflowOpt, guard
 from kvcost.cli.options import with_settings
 from kvcost.cli.summary import prepare_spec, run_arms
 from kvcost.cli.tables import REPLAY
@@ -29,7 +29,7 @@ def experiment(
         bool,
         typer.Option(help="Online: a new set routes only if a replay of the latest window with it routes no worse."),
     ] = OnlineSettings().gate_on_replay,
-    mlflow_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI of the champion.")] = None,
+    mlflow_uri: MlflowOpt = None,
 ) -> None:
     """Replay one trace under balanced_nocache, balanced_cache, cost_aware, cost_aware_tiered, cost_aware_evicting;
     attribute the gains."""

@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from kvcost.cli import app
@@ -50,9 +51,13 @@ def test_without_a_champion_a_round_reports_the_analytic_models_error(tmp_path, 
     )
 
 
-def test_a_sqlite_store_in_a_missing_folder_is_a_usage_error(tmp_path):
+@pytest.mark.parametrize(
+    "command", [["retrain", "--every-s", "1", "--iterations", "1"], ["experiment", "--learned"], ["models", "list"]]
+)
+def test_a_sqlite_store_in_a_missing_folder_is_a_usage_error(tmp_path, command):
     uri = f"sqlite:///{tmp_path}/nowhere/mlflow.db"
-    result = CliRunner().invoke(app, ["retrain", "--every-s", "1", "--iterations", "1", "--mlflow-uri", uri])
+    result = CliRunner().invoke(app, [*command, "--mlflow-uri", uri])
     assert result.exit_code == 2
-    assert "does not exist" in re.sub(r"[\s│]+", " ", result.output)  # the usage box may wrap the line
+    line = f"error: --mlflow-uri = {uri}, the folder '{tmp_path}/nowhere' does not exist, expected the folder"
+    assert line in re.sub(r"\s+", " ", result.output)
     assert not (tmp_path / "nowhere").exists()
