@@ -253,8 +253,13 @@ def env_value(name: str) -> str | None:
 
 
 def _expectation(message: str) -> str:
-    """pydantic's ``Input should be …`` → ``expected …``; other messages unchanged."""
-    return "expected " + message.removeprefix("Input should be ") if message.startswith("Input should be ") else message
+    """pydantic's ``Input should be …`` and click's ``'x' is not one of 'a', 'b'.`` (a choice, behind typer's
+    ``Value error,``) → ``expected …``; other messages unchanged."""
+    message = message.removeprefix("Value error, ")
+    if message.startswith("Input should be "):
+        return "expected " + message.removeprefix("Input should be ")
+    choice = re.fullmatch(r"'.*' is not one of (.*?)\.?", message)
+    return f"expected one of {choice.group(1)}" if choice else message
 
 
 class _OneLineBadParameter(typer.BadParameter):

@@ -214,6 +214,7 @@ def test_a_family_help_replaces_the_fields_description_for_its_option_only():
         (["replay", "--workers=0"], "error: --workers = 0, expected greater than or equal to 1"),
         (["replay", "--rate-scale", "abc"], "error: --rate-scale = abc, expected a valid number, unable to parse"),
         (["models", "promote", "--workers", "x"], "error: --workers = x, expected a valid integer, unable to parse"),
+        (["replay", "--cache", "maybe"], "error: --cache = maybe, expected one of 'on', 'off'"),
     ],
 )
 def test_a_refused_option_value_is_one_line_naming_the_option_and_value(args, line):
