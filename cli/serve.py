@@ -52,17 +52,17 @@ def serve(
 
     The server runs on uvloop with the httptools parser: in front of a vLLM engine they
     cut the gateway's CPU per proxied request by about 15 % against asyncio and h11
-    (docs/gateway.md). Idle client connections are kept for ``--keep-alive-timeout-s``
+    (docs/gateway.md). Idle client connections are kept for --keep-alive-timeout-s
     (75 s, not uvicorn's 5 s): a server that closes an idle connection as the client
     reuses it fails that request with a reset before it is read (httpx's pool also
     expires at 5 s, and a loaded event loop widens the window); a client-side expiry
     shorter than the server's avoids the race, as proxies advise for their upstreams.
     Raise it above 90 s for Go clients (their default idle timeout).
 
-    Slow clients are bounded (:mod:`kvcost.serving.http_protocol`, uvicorn has no read
-    timeouts): a request head must arrive within ``--head-timeout-s`` and its body
-    within ``--body-timeout-s`` of the head, else the connection gets 408 and is
-    closed; past ``--limit-concurrency`` open connections or requests, new requests
+    Slow clients are bounded (kvcost.serving.http_protocol; uvicorn has no read
+    timeouts): a request head must arrive within --head-timeout-s and its body
+    within --body-timeout-s of the head, else the connection gets 408 and is
+    closed; past --limit-concurrency open connections or requests, new requests
     get 503.
     """
     import uvicorn
