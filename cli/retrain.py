@@ -21,9 +21,9 @@ def retrain(
 ) -> None:
     """Scheduled retraining: every S seconds train on the log, register a challenger, promote through the gate.
 
-    ``--db`` is the DuckDB log, or — while another process writes it — the folder of
-    closed Parquet segments its writer rolls (``runs/kvcost-segments`` for ``runs/kvcost.duckdb``).
-    Exit status (with ``--iterations``): 0 when the last round's challenger was promoted, 1 when
+    --db is the DuckDB log, or — while another process writes it — the folder of
+    closed Parquet segments its writer rolls (runs/kvcost-segments for runs/kvcost.duckdb).
+    Exit status (with --iterations): 0 when the last round's challenger was promoted, 1 when
     the gate refused it, 3 when a round could not read the log (2: bad options).
     """
     from kvcost.models.train_job import retrain_loop

@@ -1,6 +1,7 @@
 """Tests for kvcost.cli.options: pydantic fields → typer options (default, help, type, range, validation, env)."""
 
 import inspect
+import re
 from pathlib import Path
 from typing import Annotated, get_args
 
@@ -231,3 +232,23 @@ def test_a_missing_option_keeps_clicks_message():
     result = runner.invoke(kvcost_app, ["cost", "--gpu", "h100"])
     assert result.exit_code == 2
     assert result.output.endswith("Error: Missing option '--prompt-tokens'.\n")
+
+
+def _command_paths(typer_app, prefix=()):
+    """Every command of ``typer_app`` as its argument list (``["models", "list"]``)."""
+    for command in typer_app.registered_commands:
+        yield [*prefix, command.name or command.callback.__name__.replace("_", "-")]
+    for group in typer_app.registered_groups:
+        yield from _command_paths(group.typer_instance, (*prefix, group.name))
+
+
+def test_no_commands_help_shows_rest_markup():
+    # --help is click's plain text: a docstring's ``literal`` or :role:`target` would be printed as typed
+    from kvcost.cli import app as kvcost_app
+
+    paths = list(_command_paths(kvcost_app))
+    assert len(paths) >= 12
+    for path in paths:
+        result = runner.invoke(kvcost_app, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        assert not re.search(r"``|:(mod|func|class|meth|data):`", result.output), (path, result.output)
