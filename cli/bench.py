@@ -15,6 +15,7 @@ from kvcost.cli.tables import BENCH
 from kvcost.core.hardware import GPUS
 from kvcost.data.traces import check_trace_name
 from kvcost.replay.bench import DEFAULT_HARDWARE, BenchHardware
+from kvcost.replay.bench_report import hardware_text
 from kvcost.replay.runner import bench_policies, execute_bench, parse_rate_scales
 from kvcost.replay.sensitivity import execute_sensitivity, sensitivity_traces
 from kvcost.replay.settings import ReplaySettings
@@ -135,7 +136,8 @@ def print_bench(result: dict) -> None:
         ]
         for r in sorted(result["results"], key=lambda r: (r["workers"], r["load"], r["ttft_p99_s"]))
     ]
-    print_table(header, rows, f"kvcost bench — {result['trace']} ({result['window']})", labels=3)
+    title = f"kvcost bench — {result['trace']} ({result['window']}; {hardware_text(result)})"
+    print_table(header, rows, title, labels=3)
     calibration = result["calibration"]  # a list of levels, or a string when the scales were not calibrated
     missed = [c for c in calibration if not c["within_tolerance"]] if isinstance(calibration, list) else []
     for c in missed:

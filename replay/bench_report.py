@@ -57,7 +57,7 @@ def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str])
         parts += _replay_spread(group)
     parts += [
         f"Set-up: {header['trace']}, window {header['window']}, seed {header['seed']}, prefix cache on "
-        f"(the workers evict by `{header.get('eviction_policy', 'lru')}`), {_hardware(header)}. "
+        f"(the workers evict by `{header.get('eviction_policy', 'lru')}`), {hardware_text(header)}. "
         "Utilisation is the share of time a worker had a request "
         "waiting for its first token. The best baseline is the lowest P99 of the anchor routers that ran, of "
         "the nine (not kvcost's own policies, `least_loaded` or `round_robin`)." + _replays_note(header),
@@ -68,7 +68,7 @@ def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str])
     path.write_text("\n".join(parts))
 
 
-def _hardware(header: dict) -> str:
+def hardware_text(header: dict) -> str:
     """``"a100 workers serving llama-3-8b"`` (with the tensor-parallel degree when over 1); a header from before
     the hardware was recorded was written on that default."""
     hardware = header.get("hardware", {"gpu": "a100", "model": "llama-3-8b", "tensor_parallel": 1})

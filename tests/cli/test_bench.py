@@ -30,6 +30,12 @@ def test_undefined_ratios_print_a_dash_and_unreached_load_levels_are_named():
     assert ["4", "95%", "cost_aware", "1.50", "0.75", "–", "50.0%"] in [line.split() for line in lines]
     assert "4 workers, 95%: calibration reached 77.7% utilisation (rate scale 8), not 95% ± 3 points" in lines
     assert not any("80%: calibration" in line for line in lines)
+    assert "kvcost bench — t (whole trace; a100 workers serving llama-3-8b)" in lines  # a header without hardware
+    hardware = {"gpu": "h100", "model": "llama-3-70b", "tensor_parallel": 4}
+    with console.capture() as captured:
+        print_bench(result | {"hardware": hardware})
+    title = "kvcost bench — t (whole trace; h100 workers serving llama-3-70b, tensor parallel 4)"
+    assert title in " ".join(captured.get().split())
 
 
 def test_constant_load_levels_have_no_calibration_lines():
