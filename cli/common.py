@@ -10,6 +10,7 @@ from typing import Annotated, TypeVar
 import typer
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -54,8 +55,33 @@ def results_table(header: list[str], rows: list[list[str]], title: str, labels: 
 
 
 def print_table(header: list[str], rows: list[list[str]], title: str, labels: int = 1) -> None:
-    """Print :func:`results_table` on :data:`console`."""
-    console.print(results_table(header, rows, title, labels), soft_wrap=False)
+    """Print :func:`results_table` on :data:`console`; a table too wide for the terminal even at its
+    narrowest is printed in parts, each with the label columns and about half the value columns (rich
+    would otherwise cut the last columns: six experiment arms on 80 columns)."""
+    for part_header, part_rows, part_title in _fitting_parts(header, rows, title, labels, console.width):
+        console.print(results_table(part_header, part_rows, part_title, labels), soft_wrap=False)
+
+
+def _fitting_parts(
+    header: list[str], rows: list[list[str]], title: str, labels: int, width: int
+) -> list[tuple[list[str], list[list[str]], str]]:
+    """``(header, rows, title)`` of each part of the table that fits ``width`` columns (one part when it fits,
+    or when it has a single value column)."""
+    values = len(header) - labels
+    unbounded = console.options.update_width(10**4)  # console.measure caps at the console's width
+    narrowest = Measurement.get(console, unbounded, results_table(header, rows, title, labels)).minimum
+    if values <= 1 or narrowest < width:  # at exactly the width rich still squeezed a column (measured)
+        return [(header, rows, title)]
+    cut = labels + (values + 1) // 2
+
+    def columns(keep: list[int]) -> tuple[list[str], list[list[str]]]:
+        return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+    first, rest = list(range(cut)), [*range(labels), *range(cut, len(header))]
+    return [
+        *_fitting_parts(*columns(first), title, labels, width),
+        *_fitting_parts(*columns(rest), f"{title} (continued)", labels, width),
+    ]
 
 
 def _break_at_underscores(word: str, width: int = 10) -> str:
