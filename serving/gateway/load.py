@@ -11,10 +11,8 @@ too, as they stood when it was read, so the gateway notes its own counts at
 each scrape (:meth:`SentLoad.scraped`) and takes from the scrape only the
 excess over them. A burst that has ended then leaves no load behind it for the
 rest of the interval: its requests are gone from the gateway's counts at once,
-and the scrape's stale copies of them are not counted twice. (kvcost's
-real-engine test caught the stale copies: a repeated prefix arriving just after
-a burst went to the worker without it, whose last scrape happened to be
-emptier.)
+and the scrape's stale copies of them are not counted twice (docs/gateway.md,
+"A scrape taken during a burst, read after it").
 
 The same accounting as NVIDIA Dynamo's KV router ("active blocks": incremented
 when a request is routed, updated as it generates, decremented when it completes;
