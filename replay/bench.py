@@ -8,9 +8,9 @@ trained on the trace it is measured on; the ``llmd_predicted_latency`` anchor
 refits its own P90 model on the same schedule and rows. Load levels are rate scales at
 which ``least_loaded`` runs the cluster at about 60 %, 80 % and 95 %
 utilisation (the share of time a worker has a request waiting for its first
-token): constants measured on the bundled conversation trace
-(:data:`LOAD_LEVELS`), and for every other trace found per (trace, cluster
-size) by bisection (:func:`calibrate_load_levels`, within
+token): constants measured on the bundled conversation trace on A100s serving
+Llama-3-8B (:data:`LOAD_LEVELS`), and for every other trace or hardware
+(:class:`BenchHardware`) found per (trace, cluster size) by bisection (:func:`calibrate_load_levels`, within
 :data:`UTILISATION_TOLERANCE`); each cell reports the utilisation it actually
 measured. Cells run in parallel processes (``jobs``); results do not depend
 on ``jobs``.
