@@ -166,6 +166,26 @@ def schema_markdown() -> str:
     return "\n".join(lines)
 
 
+#: A DuckDB database file's magic bytes and their offset (after its 8-byte checksum; DuckDB's storage format).
+DUCKDB_MAGIC, DUCKDB_MAGIC_OFFSET = b"DUCK", 8
+
+
+def check_duckdb_file(path: Path) -> None:
+    """Refuse an existing file that is not a DuckDB database (a path that does not exist becomes one):
+    ``duckdb.connect`` accepted a trace given as ``--db`` by mistake, and the rows went only to its
+    segments folder.
+
+    Raises:
+        duckdb.IOException: names the file and what its first bytes should hold.
+    """
+    if not path.is_file():
+        return
+    with path.open("rb") as file:
+        head = file.read(DUCKDB_MAGIC_OFFSET + len(DUCKDB_MAGIC))
+    if head[DUCKDB_MAGIC_OFFSET:] != DUCKDB_MAGIC:
+        raise duckdb.IOException(f"{path} is not a DuckDB database file (no {DUCKDB_MAGIC!r} header)")
+
+
 class LogStore:
     """Append-only DuckDB log.
 
@@ -189,6 +209,7 @@ class LogStore:
         Raises:
             duckdb.Error: the file is not a DuckDB database or is locked by another process.
         """
+        check_duckdb_file(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._con = duckdb.connect(str(self.path))
         for table, columns in SCHEMA.items():

@@ -21,7 +21,7 @@ import duckdb
 from kvcost.core.plots import plot_hit_vs_p99, plot_p99_vs_load, plot_queues, plot_ttft_cdf
 from kvcost.core.reporting import write_json
 from kvcost.data.segments import roll_segments, segments_dir_for
-from kvcost.data.store import LogStore
+from kvcost.data.store import LogStore, check_duckdb_file
 from kvcost.data.traces import Trace, load_trace
 from kvcost.models.mlflow_store import load_model_set
 from kvcost.models.predictors import FeatureSpecMismatch
@@ -124,6 +124,10 @@ def prepare(
             f"warmup_s = {config.warmup_s:g}, expected less than the last arrival ({last_arrival_s:.1f} s "
             "of replay time) so that some requests are measured"
         )
+    try:
+        check_duckdb_file(db)
+    except duckdb.Error as exc:
+        raise ValueError(f"db = {str(db)!r} cannot be opened: {exc}") from None
     out = out if out is not None else Path("runs") / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     if out.exists() and not out.is_dir():
         raise ValueError(f"out = {str(out)!r} is a file, expected a folder (or a path that does not exist)")

@@ -77,3 +77,17 @@ def test_candidates_table_carries_the_feature_spec():
 def test_closed_store_refuses_reads(tmp_path):
     with pytest.raises(RuntimeError, match="not open"):
         _ = LogStore(tmp_path / "x.duckdb").connection
+
+
+def test_a_file_that_is_not_a_duckdb_database_is_refused_and_left_unchanged(tmp_path):
+    trace = tmp_path / "mix.jsonl"
+    trace.write_text('{"timestamp": 0}\n')
+    with pytest.raises(duckdb.IOException, match=r"mix.jsonl is not a DuckDB database file \(no b'DUCK' header\)"):
+        LogStore(trace).open()
+    assert trace.read_text() == '{"timestamp": 0}\n'
+    (tmp_path / "empty.duckdb").touch()
+    with pytest.raises(duckdb.IOException, match="empty.duckdb is not a DuckDB database file"):
+        LogStore(tmp_path / "empty.duckdb").open()
+    with LogStore(tmp_path / "new.duckdb").open() as store:  # a path that does not exist becomes a database
+        assert "requests" in {r[0] for r in store.connection.execute("SHOW TABLES").fetchall()}
+    LogStore(tmp_path / "new.duckdb").open().close()  # and a DuckDB file opens again

@@ -105,6 +105,8 @@ def test_prepare_refuses_a_warmup_past_the_last_arrival_and_an_out_that_is_a_fil
     with pytest.raises(ValueError, match="^model = 'llama-3.1-405b' leaves no KV capacity on l40s"):
         _prepare(tmp_path, model="llama-3.1-405b", fleet="l40s:2")
     (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="^db = '.*file' cannot be opened: .*file is not a DuckDB database file"):
+        _prepare(tmp_path, db=tmp_path / "file")  # before any replay starts
     with pytest.raises(ValueError, match="out = '.*file' is a file, expected a folder"):
         _prepare(tmp_path, out=tmp_path / "file")
     spec = _prepare(tmp_path)
