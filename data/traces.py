@@ -291,9 +291,32 @@ def _mooncake_parser(path: Path, block_size_tokens: int) -> _LineParser:
                 f"{n_blocks} ids = ceil(input_length {n_in} / block_size_tokens {block_size_tokens}), got {len(ids)}"
             )
             raise TraceFormatError(path, line, "hash_ids", ids, expected)
+        _check_parents(path, line, ids, parents)
         return ts, ts, n_in, n_out, tuple(ids)
 
+    parents: dict[int, int | None] = {}
     return parse
+
+
+def _check_parents(path: Path, line: int, ids: list[int], parents: dict[int, int | None]) -> None:
+    """Each id of ``ids`` must follow the parent it followed on every earlier line (None: first block): an id
+    names one prefix block, so one id under two parents would be counted as a hit it is not. The line's
+    ids join ``parents`` only when all pass.
+
+    Raises:
+        TraceFormatError: field ``hash_ids``, naming the id, its parent here and its earlier parent.
+    """
+    for position, block in enumerate(ids):
+        parent = ids[position - 1] if position else None
+        earlier = parents.get(block, parent)
+        if earlier != parent:
+            expected = (
+                f"id {block} after {'the start' if earlier is None else earlier} as on an earlier line "
+                f"(an id names one prefix block), got it after {'the start' if parent is None else parent}"
+            )
+            raise TraceFormatError(path, line, "hash_ids", ids, expected)
+    for position, block in enumerate(ids):
+        parents.setdefault(block, ids[position - 1] if position else None)
 
 
 @TRACE_LOADERS.register("mooncake")
@@ -306,8 +329,9 @@ def load_mooncake(path: Path, block_size_tokens: int = 512, skip_bad_lines: bool
 
     Raises:
         TraceFormatError: bad JSON, missing/mistyped/out-of-range field,
-            ``len(hash_ids) != ceil(input_length / block_size_tokens)``, or a
-            timestamp below the previous accepted one (unless ``skip_bad_lines``).
+            ``len(hash_ids) != ceil(input_length / block_size_tokens)``, an id after another parent
+            id than on an earlier line, or a timestamp below the previous accepted one (unless
+            ``skip_bad_lines``).
     """
     parse = _mooncake_parser(path, block_size_tokens)
     kept, skipped = _collect(path, _numbered_nonblank(path), parse, "timestamp", 0, skip_bad_lines)

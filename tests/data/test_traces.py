@@ -142,6 +142,26 @@ def test_error_hash_ids_length(tmp_path):
     )
 
 
+def test_error_an_id_under_another_parent(tmp_path):
+    # line 1 holds [0, 1]: 1 follows 0, and 0 starts a prompt
+    err = _error(tmp_path, _line(2000, 8, 1, [5, 1]))
+    assert (err.field, err.value) == ("hash_ids", [5, 1])
+    assert str(err) == (
+        "t.jsonl line 2: field 'hash_ids' = [5, 1], expected id 1 after 0 as on an earlier line "
+        "(an id names one prefix block), got it after 5"
+    )
+    err = _error(tmp_path, _line(2000, 8, 1, [7, 0]))
+    assert "expected id 0 after the start as on an earlier line (an id names one prefix block), got it after 7" in (
+        str(err)
+    )
+    # a skipped bad line leaves no parent behind: [9, 1] refused, then [9, 4] is consistent
+    path = _write(tmp_path, [_line(1000, 8, 1, [0, 1]), _line(2000, 8, 1, [9, 1]), _line(3000, 8, 1, [9, 4])])
+    assert [r.block_hashes for r in load_trace(path, block_size_tokens=4, skip_bad_lines=True).requests] == [
+        (0, 1),
+        (9, 4),
+    ]
+
+
 def test_error_backwards_timestamp(tmp_path):
     err = _error(tmp_path, _line(999, 8, 1, [0, 1]))
     assert (err.field, err.value) == ("timestamp", 999)
