@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from kvcost.core.registry import Registry
-from kvcost.data.workloads import GENERATED_PREFIX, WORKLOADS, generate, parse_workload_name
+from kvcost.data.workloads import GENERATED_PREFIX, WORKLOADS, generate, parent_rule_violation, parse_workload_name
 
 __all__ = [
     "MISSING",
@@ -291,32 +291,16 @@ def _mooncake_parser(path: Path, block_size_tokens: int) -> _LineParser:
                 f"{n_blocks} ids = ceil(input_length {n_in} / block_size_tokens {block_size_tokens}), got {len(ids)}"
             )
             raise TraceFormatError(path, line, "hash_ids", ids, expected)
-        _check_parents(path, line, ids, parents)
+        broken = parent_rule_violation(ids, parents)
+        if broken is not None:
+            block, earlier, parent = ("the start" if x is None else x for x in broken)
+            expected = f"id {block} after {earlier} as on an earlier line (an id names one prefix block), "
+            expected += f"got it after {parent}"
+            raise TraceFormatError(path, line, "hash_ids", ids, expected)
         return ts, ts, n_in, n_out, tuple(ids)
 
     parents: dict[int, int | None] = {}
     return parse
-
-
-def _check_parents(path: Path, line: int, ids: list[int], parents: dict[int, int | None]) -> None:
-    """Each id of ``ids`` must follow the parent it followed on every earlier line (None: first block): an id
-    names one prefix block, so one id under two parents would be counted as a hit it is not. The line's
-    ids join ``parents`` only when all pass.
-
-    Raises:
-        TraceFormatError: field ``hash_ids``, naming the id, its parent here and its earlier parent.
-    """
-    for position, block in enumerate(ids):
-        parent = ids[position - 1] if position else None
-        earlier = parents.get(block, parent)
-        if earlier != parent:
-            expected = (
-                f"id {block} after {'the start' if earlier is None else earlier} as on an earlier line "
-                f"(an id names one prefix block), got it after {'the start' if parent is None else parent}"
-            )
-            raise TraceFormatError(path, line, "hash_ids", ids, expected)
-    for position, block in enumerate(ids):
-        parents.setdefault(block, ids[position - 1] if position else None)
 
 
 @TRACE_LOADERS.register("mooncake")

@@ -490,6 +490,22 @@ def write_workload(name: str, path: Path, seed: int = 0) -> int:
     return write_mooncake_jsonl(generate(shape, params, seed if named_seed is None else named_seed), path)
 
 
+def parent_rule_violation(ids: Sequence[int], parents: dict[int, int | None]) -> tuple[int, int | None, int] | None:
+    """The first id of one request's ``ids`` that follows another parent than it did before, as ``(id, earlier
+    parent, parent here)`` (None: the first block), or None; then ``ids`` join ``parents`` (id → parent, shared
+    over a trace's requests in order). An id names one prefix block (the Mooncake format: an id always has
+    the same parent), so one id under two parents would be counted as a hit it is not.
+    """
+    pairs = list(zip([None, *ids[:-1]], ids, strict=True))  # (parent, id)
+    for parent, block in pairs:
+        earlier = parents.get(block, parent)
+        if earlier != parent:
+            return block, earlier, parent
+    for parent, block in pairs:
+        parents.setdefault(block, parent)
+    return None
+
+
 def last_block_rule_violations(
     records: Sequence[MooncakeRecord], block_tokens: int = MOONCAKE_BLOCK_TOKENS
 ) -> list[int]:

@@ -53,13 +53,11 @@ from pydantic import BaseModel, BeforeValidator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.models.reuse import load_reuse_model
-from kvcost.serving.engines.engine_metrics import EngineMetricsScraper, ScrapeTarget, parse_scrape_target
 from kvcost.serving.engines.kv_events import KVEventIngestor
 from kvcost.serving.engines.kv_subscriber import KVEventSubscriber
 from kvcost.serving.engines.liveness import EngineLiveness
 from kvcost.serving.error_bodies import ModelT, field_error_body, parse_json_body, validation_error_body
 from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError
-from kvcost.serving.gateway.load import SentLoad
 from kvcost.serving.gateway.routes import build_gateway, engine_client, openai, openai_error_response
 from kvcost.serving.gateway.sse import OpenAIError
 from kvcost.serving.heavy import HeavyPool, PoolBusyError
@@ -80,8 +78,9 @@ from kvcost.serving.schemas import (
     SnapshotAck,
     SnapshotIn,
 )
+from kvcost.serving.scraping import engine_scraper
 from kvcost.serving.service import ScoringService
-from kvcost.serving.settings import ServiceSettings, parse_engine, parse_kv_event_source, read_token
+from kvcost.serving.settings import ServiceSettings, parse_kv_event_source, read_token
 
 API_VERSION = "1"
 
@@ -475,40 +474,6 @@ def kv_event_subscriber(settings: ServiceSettings, service: ScoringService) -> K
     ingestor.expect_workers(source.worker_id for source in sources)
     return KVEventSubscriber(
         ingestor, sources, clock=service.clock, lock=service.lock, replay_timeout_s=settings.kv_replay_timeout_s
-    )
-
-
-def engine_scraper(
-    settings: ServiceSettings, service: ScoringService, liveness: EngineLiveness, load: SentLoad | None = None
-) -> EngineMetricsScraper | None:
-    """A scraper turning the engines' ``/metrics`` into the service's worker snapshots, or None.
-
-    Scraped: every ``settings.scrape`` target, and each gateway engine (``settings.engines``) that
-    no ``scrape`` entry names, at ``URL/metrics``. Each scrape's outcome reaches ``liveness``; each
-    stored snapshot reaches the gateway's ``load`` (:meth:`SentLoad.scraped`), when there is a gateway.
-    """
-    targets = [parse_scrape_target(spec) for spec in settings.scrape]
-    named = {t.worker_id for t in targets}
-    for spec in settings.engines:
-        worker_id, url = parse_engine(spec)
-        if worker_id not in named:
-            targets.append(ScrapeTarget(worker_id, f"{url}/metrics"))
-    if not targets:
-        return None
-
-    def push(worker_id: int, body: SnapshotIn) -> SnapshotAck:
-        ack = service.push_snapshot(worker_id, body)
-        if load is not None:
-            load.scraped(worker_id, ack.received_at_s)
-        return ack
-
-    return EngineMetricsScraper(
-        targets,
-        push,
-        service.metrics,
-        settings.scrape_interval_s,
-        settings.scrape_timeout_s,
-        on_scrape=liveness.on_scrape,
     )
 
 

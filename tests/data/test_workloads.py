@@ -12,6 +12,7 @@ from kvcost.data.workloads import (
     _BlockIds,
     generate,
     last_block_rule_violations,
+    parent_rule_violation,
     parse_workload_name,
     sensitivity_names,
     write_mooncake_jsonl,
@@ -128,3 +129,13 @@ def test_sensitivity_names_scale_each_parameter_and_ranges_together():
     ]
     assert len(names) == 2 * 9  # 12 parameters besides requests, 3 min/max ranges scaled as one
     assert parse_workload_name(names[-1])[1] == MultiTurnParams(conversation_rate_per_s=2.0)
+
+
+def test_an_id_under_another_parent_is_the_violation_and_a_clean_request_joins_the_parents():
+    parents: dict[int, int | None] = {}
+    assert parent_rule_violation([0, 1, 2], parents) is None
+    assert parents == {0: None, 1: 0, 2: 1}
+    assert parent_rule_violation([5, 1], parents) == (1, 0, 5)
+    assert parent_rule_violation([7, 0], parents) == (0, None, 7)
+    assert parents == {0: None, 1: 0, 2: 1}  # a refused request leaves nothing behind
+    assert parent_rule_violation([0, 1, 9], parents) is None and parents[9] == 1

@@ -200,24 +200,24 @@ def test_bench_hardware_refuses_what_no_worker_can_be_by_name():
         BenchHardware(tensor_parallel=0)
 
 
-def test_bench_rejects_bad_sizes_and_policies(tmp_path):
-    runner = CliRunner()
-    bad = runner.invoke(app, ["bench", "--eviction-policy", "fifo", "--out", str(tmp_path)])
-    assert bad.exit_code == 2 and "--eviction-policy = 'fifo', expected one of clairvoyant" in bad.output
-    bad = runner.invoke(app, ["bench", "--sizes", "four", "--out", str(tmp_path)])
-    assert bad.exit_code == 2 and "sizes = 'four'" in bad.output
-    bad = runner.invoke(app, ["bench", "--policies", "magic", "--out", str(tmp_path)])
-    assert bad.exit_code == 2 and "unknown router policy 'magic'" in bad.output
-    for sizes in ("0", "4,-2", ""):
-        bad = runner.invoke(app, ["bench", "--sizes", sizes, "--out", str(tmp_path)])
-        assert bad.exit_code == 2 and f"sizes = '{sizes}', expected comma-separated worker counts ≥ 1" in bad.output
-        assert "bench cells" not in bad.output  # refused before any progress bar
-    bad = runner.invoke(app, ["bench", "--policies", "", "--out", str(tmp_path)])
-    assert bad.exit_code == 2 and "policies = '', expected comma-separated router policies" in bad.output
-    bad = runner.invoke(app, ["bench", "--gpu", "tpu", "--out", str(tmp_path)])
-    assert bad.exit_code == 2 and "--gpu = 'tpu', expected one of a100," in bad.output
-    bad = runner.invoke(app, ["bench", "--model", "llama-3-70b", "--out", str(tmp_path)])
-    assert bad.exit_code == 2 and "--model = 'llama-3-70b' leaves no KV capacity on a100" in bad.output
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--eviction-policy", "fifo"], "--eviction-policy = 'fifo', expected one of clairvoyant"),
+        (["--sizes", "four"], "sizes = 'four'"),
+        (["--policies", "magic"], "unknown router policy 'magic'"),
+        (["--sizes", "0"], "sizes = '0', expected comma-separated worker counts ≥ 1"),
+        (["--sizes", "4,-2"], "sizes = '4,-2', expected comma-separated worker counts ≥ 1"),
+        (["--sizes", ""], "sizes = '', expected comma-separated worker counts ≥ 1"),
+        (["--policies", ""], "policies = '', expected comma-separated router policies"),
+        (["--gpu", "tpu"], "--gpu = 'tpu', expected one of a100,"),
+        (["--model", "llama-3-70b"], "--model = 'llama-3-70b' leaves no KV capacity on a100"),
+    ],
+)
+def test_bench_rejects_bad_sizes_policies_and_hardware(tmp_path, args, message):
+    bad = CliRunner().invoke(app, ["bench", *args, "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and message in bad.output
+    assert "bench cells" not in bad.output  # refused before any progress bar
 
 
 def test_bench_replays_each_cell_and_lists_every_p99(tmp_path):

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from kvcost.serving.api import create_app, engine_scraper
+from kvcost.serving.api import create_app
 from kvcost.serving.engines.engine_metrics import (
     EngineMetrics,
     EngineMetricsError,
@@ -25,6 +25,7 @@ from kvcost.serving.engines.liveness import EngineLiveness
 from kvcost.serving.gateway.load import SentLoad
 from kvcost.serving.metrics import ServiceMetrics
 from kvcost.serving.schemas import SnapshotIn
+from kvcost.serving.scraping import engine_scraper
 from kvcost.serving.service import ScoringService
 from kvcost.serving.settings import ServiceSettings
 
