@@ -61,6 +61,7 @@ from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError
 from kvcost.serving.gateway.routes import build_gateway, engine_client, openai, openai_error_response
 from kvcost.serving.gateway.sse import OpenAIError
 from kvcost.serving.heavy import HeavyPool, PoolBusyError
+from kvcost.serving.metrics import watch_loop_lag
 from kvcost.serving.schemas import (
     MAX_ID,
     ErrorOut,
@@ -512,27 +513,31 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
         app.state.kv_subscriber = service.kv_subscriber = subscriber
         ingestor = subscriber.ingestor if subscriber is not None else None
         client = engine_client(settings) if settings.engines else None
+        fresh_client = engine_client(settings, fresh=True) if settings.engines else None
         liveness = EngineLiveness(service.directory, service.lock, service.clock, ingestor)
-        if client is not None:
-            app.state.gateway = build_gateway(settings, service, client, liveness)
+        if client is not None and fresh_client is not None:
+            app.state.gateway = build_gateway(settings, service, client, fresh_client, liveness)
             liveness.on_new_process = app.state.gateway.engines.succeeded
         scraper = engine_scraper(settings, service, liveness, app.state.gateway.load if client is not None else None)
         if scraper is not None:
             scraper.start()
         app.state.engine_scraper = scraper
         loading = asyncio.create_task(service.load_model())
+        watching = asyncio.create_task(watch_loop_lag(service.metrics.event_loop_lag))
         if app.state.warm_heavy:
             app.state.heavy.warm()
         try:
             yield
         finally:
-            loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await loading
+            for task in (loading, watching):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             if scraper is not None:
                 await scraper.stop()
-            if client is not None:
-                await client.close()
+            for session in (client, fresh_client):
+                if session is not None:
+                    await session.close()
             if subscriber is not None:
                 subscriber.stop()
             app.state.heavy.shutdown()

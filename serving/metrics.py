@@ -53,6 +53,11 @@ Exposed at ``GET /metrics`` (names as scraped; counters gain ``_total``):
                                                  gateway to first chunk forwarded
 ``kvcost_gateway_tokenize_seconds``              gateway: tokenization time per request by ``source``
                                                  (local, engine)
+``kvcost_event_loop_lag_seconds``                how late the service's event loop woke from a
+                                                 :data:`LOOP_LAG_INTERVAL_S` sleep (:func:`watch_loop_lag`):
+                                                 the delay every request it serves shares then
+``kvcost_gateway_connection_retries_total``      gateway: per ``worker``, requests sent again on a new
+                                                 connection because the engine closed a pooled one under them
 ===============================================  =======================================================
 
 The ``kvcost_kv_*`` counters and the ``kvcost_directory_*``,
@@ -68,6 +73,7 @@ runs in the scraping thread (the event loop).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -84,6 +90,8 @@ REASON_KIND_WORDS = 6
 
 LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 ERROR_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: :func:`watch_loop_lag`'s sleep: short enough to see a stall of 0.1 s, rare enough to cost nothing (10 wake-ups/s).
+LOOP_LAG_INTERVAL_S = 0.1
 
 
 def reason_kind(reason: str) -> str:
@@ -326,6 +334,18 @@ class ServiceMetrics:
             buckets=ERROR_BUCKETS_S,
             registry=r,
         )
+        self.gateway_connection_retries = Counter(
+            "kvcost_gateway_connection_retries",
+            "Gateway requests sent again on a new connection: the engine closed a pooled one under them",
+            ["worker"],
+            registry=r,
+        )
+        self.event_loop_lag = Histogram(
+            "kvcost_event_loop_lag_seconds",
+            "How late the event loop woke from a short sleep: a delay every request shares",
+            buckets=ERROR_BUCKETS_S,
+            registry=r,
+        )
         self.gateway_tokenize = Histogram(
             "kvcost_gateway_tokenize_seconds",
             "Tokenization time per gateway request, by source (local, engine)",
@@ -358,3 +378,18 @@ class ServiceMetrics:
     def render(self) -> bytes:
         """The registry in the Prometheus text format."""
         return generate_latest(self.registry)
+
+
+async def watch_loop_lag(lag: Histogram, interval_s: float = LOOP_LAG_INTERVAL_S) -> None:
+    """Observe, into ``lag``, how late the running loop wakes from each ``interval_s`` sleep; runs until cancelled.
+
+    A late wake-up is time in which the loop ran nothing else: a blocking call, a long callback, or the
+    process starved of CPU. Every request the loop serves then waits as long (its TTFT grows, and a
+    connection kept alive can outlive the engine's keep-alive timeout: ``gateway.proxy.post``).
+    Node.js's ``perf_hooks.monitorEventLoopDelay`` measures the same way, from a timer's late firing.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        before = loop.time()
+        await asyncio.sleep(interval_s)
+        lag.observe(max(0.0, loop.time() - before - interval_s))

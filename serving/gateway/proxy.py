@@ -25,11 +25,13 @@ Failures: an engine that refuses the connection, times out, answers 5xx or ends 
 stream before the first chunk is marked failed (backoff, and unknown in the
 directory when unreachable) and the request is routed once more among the others;
 the client has received nothing yet, because the response starts only with the
-first chunk. An engine that fails after the first chunk ends the client's stream
-with an error event naming it (tokens were sent; it cannot be retried). A client
-that disconnects cancels the engine's request (the connection to it is closed,
-which vLLM takes as an abort); what was measured is logged. One that disconnects before its
-body has arrived is answered 499 (nothing was routed or logged). Every request ends
+first chunk. A pooled connection the engine closed as the request was sent on it is no
+failure: the request goes once more to the same engine on a new connection (:func:`post`).
+An engine that fails after the first chunk ends the client's stream with an error event
+naming it (tokens were sent; it cannot be retried). A client that disconnects cancels the
+engine's request (the connection to it is closed, which vLLM takes as an abort); what was
+measured is logged. One that disconnects before its body has arrived is answered 499
+(nothing was routed or logged). Every request ends
 as a response or an error naming the engine, and is logged with its outcome.
 
 Thread safety: the event loop only (the service's lock guards the directory).
@@ -81,6 +83,50 @@ _UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
+def closed_under_request(exc: BaseException) -> bool:
+    """Whether ``exc`` says that an open connection was closed before the response head arrived.
+
+    True for aiohttp's failures to write the request (``ClientOSError``), a reset, and a server that
+    disconnected before answering (``ServerDisconnectedError``); false for a connection that could not be
+    opened (``ClientConnectorError``, which subclasses ``ClientOSError``: the engine is down) and for a
+    timeout (the engine is slow: sending again would add to its load).
+    """
+    closed = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)
+    return isinstance(exc, closed) and not isinstance(exc, aiohttp.ClientConnectorError)
+
+
+async def post(
+    client: aiohttp.ClientSession, fresh_client: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str]
+) -> tuple[aiohttp.ClientResponse, str | None]:
+    """POST ``data`` to ``url`` and read the response head; once more on a new connection if the first closed.
+
+    A pooled connection the engine closed under the request (:func:`closed_under_request`) is no failure
+    of the engine. An HTTP server closes a kept-alive connection idle for its keep-alive timeout
+    (uvicorn's, so vLLM's server: 5 s). The gateway drops its idle connections after 2 s, but one that
+    read a response's end late (its event loop busy, its process starved of CPU) can hold a connection
+    that the engine closes as it is reused. RFC 9112 §9.3.1 lets a client send a request again on a new
+    connection after such a close when the request is idempotent in effect; a completion changes nothing
+    on the engine but its cache, so sending it twice costs compute only (and the engine aborts the first
+    when its connection closes). Go's ``net/http`` likewise sends again a request whose reused
+    connection the server closed.
+
+    Args:
+        client: the pooled client; fresh_client: one without a pool (a new connection per request).
+
+    Returns:
+        The response (head read, body not), and the failure of the first try (one line) or ``None``.
+
+    Raises:
+        aiohttp.ClientError, TimeoutError: the first try failed otherwise, or the second failed.
+    """
+    try:
+        return await client.post(url, data=data, headers=headers), None
+    except aiohttp.ClientError as exc:
+        if not closed_under_request(exc):
+            raise
+        return await fresh_client.post(url, data=data, headers=headers), one_line(exc)
+
+
 class _EngineFailedError(Exception):
     """The engine failed before the client received anything: the request may go elsewhere."""
 
@@ -116,8 +162,10 @@ class Gateway:
         engines: the engines' URLs and failure backoff.
         tokenizer: how prompts are tokenized.
         liveness: marks unreachable engines unknown in the directory.
-        client: HTTP client to the engines (timeouts set by the caller:
+        client: HTTP client to the engines, pooling connections (timeouts set by the caller:
             :func:`~kvcost.serving.gateway.routes.engine_client`).
+        fresh_client: the same without a pool, for a request sent again after an engine closed a
+            pooled connection under it (:meth:`_send`).
         gpu: GPU type of every engine (the service's default).
     """
 
@@ -128,6 +176,7 @@ class Gateway:
         tokenizer: PromptTokenizer,
         liveness: EngineLiveness,
         client: aiohttp.ClientSession,
+        fresh_client: aiohttp.ClientSession,
         gpu: str,
     ) -> None:
         self.service = service
@@ -135,6 +184,7 @@ class Gateway:
         self.tokenizer = tokenizer
         self.liveness = liveness
         self.client = client
+        self.fresh_client = fresh_client
         self.gpu = gpu
         self.load = SentLoad()
 
@@ -234,14 +284,18 @@ class Gateway:
         return self.engines.urls[attempt.worker_id] + path, json.dumps(body).encode(), headers
 
     async def _send(self, request: tuple[str, bytes, dict[str, str]], attempt: _Attempt) -> aiohttp.ClientResponse:
-        """Send and read the response head; a transport failure or a 5xx is :class:`_EngineFailedError` (retry
-        elsewhere). The caller releases the response (``release()`` returns its connection to the pool,
-        ``close()`` drops it, which is how an engine learns that a request was abandoned)."""
+        """Send and read the response head (:func:`post`); a transport failure or a 5xx is
+        :class:`_EngineFailedError` (retry elsewhere). The caller releases the response (``release()``
+        returns its connection to the pool, ``close()`` drops it, which is how an engine learns that a
+        request was abandoned)."""
         url, data, headers = request
         try:
-            response = await self.client.post(url, data=data, headers=headers)
+            response, closed = await post(self.client, self.fresh_client, url, data, headers)
         except _TRANSPORT_ERRORS as exc:
             raise _EngineFailedError(attempt.worker_id, one_line(exc), isinstance(exc, _UNREACHABLE)) from None
+        if closed is not None:
+            self.service.metrics.gateway_connection_retries.labels(str(attempt.worker_id)).inc()
+            logger.info("engine %d closed a pooled connection (%s); sent again on a new one", attempt.worker_id, closed)
         if response.status >= 500:
             try:
                 text = (await response.read())[:300].decode(errors="replace")

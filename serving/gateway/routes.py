@@ -99,26 +99,37 @@ async def openai_error_response(request: Request, exc: OpenAIError) -> JSONRespo
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
-def engine_client(settings: ServiceSettings) -> aiohttp.ClientSession:
+def engine_client(settings: ServiceSettings, fresh: bool = False) -> aiohttp.ClientSession:
     """The gateway's client to the engines: connect and read timeouts from the settings, no pool limit.
 
     aiohttp rather than httpx on this leg: its HTTP parser is compiled, and a streamed request costs
     the gateway's event loop about 0.8 ms of CPU against httpx's 2.2 ms (measured here: 400 streamed
     requests of 18 SSE events, 8 at a time, client process CPU time). Call it inside the event loop.
+
+    Args:
+        settings: the engine timeouts (``engine_connect_timeout_s``, ``engine_read_timeout_s``).
+        fresh: a new connection per request (no pool): the client for a request sent again after an
+            engine closed a pooled connection under it (:func:`~kvcost.serving.gateway.proxy.post`).
     """
     timeout = aiohttp.ClientTimeout(
         total=None, connect=settings.engine_connect_timeout_s, sock_read=settings.engine_read_timeout_s
     )
     # idle connections are closed before the engine's own keep-alive timeout (uvicorn's 5 s, vLLM's server):
-    # reusing one the engine is closing at that moment fails the request before its first byte
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
+    # that narrows, but cannot close, the race with an engine closing one as it is reused (proxy.post)
+    connector = aiohttp.TCPConnector(limit=0, force_close=fresh, keepalive_timeout=None if fresh else 2.0)
     return aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False)
 
 
 def build_gateway(
-    settings: ServiceSettings, service: ScoringService, client: aiohttp.ClientSession, liveness: EngineLiveness
+    settings: ServiceSettings,
+    service: ScoringService,
+    client: aiohttp.ClientSession,
+    fresh_client: aiohttp.ClientSession,
+    liveness: EngineLiveness,
 ) -> Gateway:
     """The gateway of ``settings.engines``: local tokenizer with ``settings.tokenizer``, else the first engine's.
+
+    ``client`` and ``fresh_client`` are :func:`engine_client`'s pooled client and its ``fresh`` one.
 
     Raises:
         ValueError: ``settings.tokenizer`` holds no loadable tokenizer.
@@ -130,4 +141,4 @@ def build_gateway(
         tokenizer = LocalTokenizer(settings.tokenizer)
     else:
         tokenizer = EngineTokenizer(client, next(iter(urls.values())))
-    return Gateway(service, engines, tokenizer, liveness, client, settings.gpu_default)
+    return Gateway(service, engines, tokenizer, liveness, client, fresh_client, settings.gpu_default)

@@ -303,7 +303,8 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
     share = counts["equal"] / max(1, len(rows))
     print(f"[e2e] hit agreement {counts['equal']}/{len(rows)} = {share:.2%}; {counts}")
     _print_disagreements(rows)
-    assert failed == []
+    _print_gateway_stalls(text, urls)
+    assert failed == [], _brief(failed)
     assert len(reset) <= 0.01 * len(results), f"{len(reset)} connections reset before the answer's head"
     assert "Exception in ASGI application" not in exact.log.read_text()
     assert all(v >= 0.2 for v in waiting.values()), f"share that waited per engine {waiting}, expected ≥ 0.2"
@@ -327,6 +328,21 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
     assert metric(text, "kvcost_kv_event_batches_total", source="replay", worker="1") >= 1
     assert metric(text, "kvcost_directory_stale", worker="1") == 0
     assert metric(text, "kvcost_directory_mode", worker="0", mode="exact") == 1
+
+
+def _brief(results: list[Result]) -> list[tuple]:
+    """Each result as (index, status, worker, done, error): an assertion message that fits a CI log's tail."""
+    return [(r.spec.index, r.status, r.worker, r.done, (r.error or "")[:300]) for r in results]
+
+
+def _print_gateway_stalls(text: str, urls: dict[int, str]) -> None:
+    """How often the gateway's event loop woke late (a stall every request shared), and the requests it sent
+    again on a new connection because an engine closed a pooled one under them (gateway.proxy.post)."""
+    wakes = metric(text, "kvcost_event_loop_lag_seconds_count")
+    late = [wakes - metric(text, "kvcost_event_loop_lag_seconds_bucket", le=le) for le in ("0.5", "1.0", "2.5")]
+    retries = {w: metric(text, "kvcost_gateway_connection_retries_total", worker=str(w)) for w in urls}
+    print(f"[e2e] gateway event loop late by more than 0.5/1/2.5 s: {late} times (of {wakes:.0f}, since start); "
+          f"sent again on a new connection: {retries}")  # fmt: skip
 
 
 def _print_resets(serve: KvcostServe, reset: list[Result]) -> None:
@@ -551,7 +567,8 @@ def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_bac
     for i, spec in enumerate(after_specs):
         spec.index = i
     after = asyncio.run(send_open_loop(exact.url, after_specs, 10.0, id_prefix="after"))
-    assert all(r.status == 200 and r.done and not r.error for r in after)
+    _print_gateway_stalls(exact.metrics(), {i: e.base_url for i, e in enumerate(engines)})
+    assert all(r.status == 200 and r.done and not r.error for r in after), _brief(after)
     ids = ",".join(f"'after-{r.spec.index}'" for r in after if r.worker == 0)
     rows = exact.requests(f"worker_id = 0 AND client_request_id IN ({ids}) AND outcome = 'ok'") if ids else []
     counts = agreement(rows)
@@ -582,7 +599,7 @@ def test_approximate_mode_routes_a_repeated_prefix_to_the_worker_that_served_it(
         finally:
             serve.stop()
     print(f"[e2e] approximate: first {[r.worker for r in first]}, again {[r.worker for r in again]}")
-    assert all(r.status == 200 and r.done for r in first + again)
+    assert all(r.status == 200 and r.done for r in first + again), _brief(first + again)
     assert len({r.worker for r in first}) == 2  # both engines are used
     assert [r.worker for r in again] == [r.worker for r in first]
     assert metric(text, "kvcost_directory_mode", worker="0", mode="approximate") == 1
