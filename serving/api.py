@@ -58,7 +58,8 @@ from kvcost.serving.engines.kv_subscriber import KVEventSubscriber
 from kvcost.serving.engines.liveness import EngineLiveness
 from kvcost.serving.error_bodies import ModelT, field_error_body, parse_json_body, validation_error_body
 from kvcost.serving.errors import ConflictError, FieldError, LogUnavailableError
-from kvcost.serving.gateway.routes import build_gateway, engine_client, openai, openai_error_response
+from kvcost.serving.gateway.engine_http import engine_client
+from kvcost.serving.gateway.routes import build_gateway, openai, openai_error_response
 from kvcost.serving.gateway.sse import OpenAIError
 from kvcost.serving.heavy import HeavyPool, PoolBusyError
 from kvcost.serving.metrics import watch_loop_lag

@@ -56,6 +56,7 @@ from starlette.requests import ClientDisconnect
 
 from kvcost.core.types import RouteDecision, WorkerSnapshot
 from kvcost.serving.engines.liveness import EngineLiveness
+from kvcost.serving.gateway.engine_http import post
 from kvcost.serving.gateway.engines import EnginePool
 from kvcost.serving.gateway.load import SentLoad
 from kvcost.serving.gateway.sse import (
@@ -81,50 +82,6 @@ ENDPOINTS = {"/v1/completions": "completion_ids", "/v1/chat/completions": "chat_
 _UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 #: Every transport failure of the engine leg (a read timeout is a ``TimeoutError``).
 _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
-
-
-def closed_under_request(exc: BaseException) -> bool:
-    """Whether ``exc`` says that an open connection was closed before the response head arrived.
-
-    True for aiohttp's failures to write the request (``ClientOSError``), a reset, and a server that
-    disconnected before answering (``ServerDisconnectedError``); false for a connection that could not be
-    opened (``ClientConnectorError``, which subclasses ``ClientOSError``: the engine is down) and for a
-    timeout (the engine is slow: sending again would add to its load).
-    """
-    closed = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)
-    return isinstance(exc, closed) and not isinstance(exc, aiohttp.ClientConnectorError)
-
-
-async def post(
-    client: aiohttp.ClientSession, fresh_client: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str]
-) -> tuple[aiohttp.ClientResponse, str | None]:
-    """POST ``data`` to ``url`` and read the response head; once more on a new connection if the first closed.
-
-    A pooled connection the engine closed under the request (:func:`closed_under_request`) is no failure
-    of the engine. An HTTP server closes a kept-alive connection idle for its keep-alive timeout
-    (uvicorn's, so vLLM's server: 5 s). The gateway drops its idle connections after 2 s, but one that
-    read a response's end late (its event loop busy, its process starved of CPU) can hold a connection
-    that the engine closes as it is reused. RFC 9112 §9.3.1 lets a client send a request again on a new
-    connection after such a close when the request is idempotent in effect; a completion changes nothing
-    on the engine but its cache, so sending it twice costs compute only (and the engine aborts the first
-    when its connection closes). Go's ``net/http`` likewise sends again a request whose reused
-    connection the server closed.
-
-    Args:
-        client: the pooled client; fresh_client: one without a pool (a new connection per request).
-
-    Returns:
-        The response (head read, body not), and the failure of the first try (one line) or ``None``.
-
-    Raises:
-        aiohttp.ClientError, TimeoutError: the first try failed otherwise, or the second failed.
-    """
-    try:
-        return await client.post(url, data=data, headers=headers), None
-    except aiohttp.ClientError as exc:
-        if not closed_under_request(exc):
-            raise
-        return await fresh_client.post(url, data=data, headers=headers), one_line(exc)
 
 
 class _EngineFailedError(Exception):

@@ -32,6 +32,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from kvcost.serving.gateway.engine_http import post
+
 
 class TokenizeError(ValueError):
     """A prompt that cannot be tokenized; ``status`` is the HTTP status to answer with (400: the client's fault)."""
@@ -152,14 +154,15 @@ class EngineTokenizer:
     """Tokenizes through an engine's ``POST /tokenize`` (vLLM's; the same tokenizer and chat template it serves).
 
     Args:
-        client: the gateway's HTTP client.
+        client: the gateway's HTTP client; fresh_client: the same without a pool, for a request sent again
+            on a new connection (:func:`~kvcost.serving.gateway.engine_http.post`).
         base_url: the engine to ask (``http://HOST:PORT``).
     """
 
     source = "engine"
 
-    def __init__(self, client: aiohttp.ClientSession, base_url: str) -> None:
-        self._client = client
+    def __init__(self, client: aiohttp.ClientSession, fresh_client: aiohttp.ClientSession, base_url: str) -> None:
+        self._clients = (client, fresh_client)
         self.base_url = base_url
 
     async def completion_ids(self, body: dict[str, Any]) -> list[int]:
@@ -180,8 +183,10 @@ class EngineTokenizer:
     async def _tokenize(self, payload: dict[str, Any], body: dict[str, Any]) -> list[int]:
         if "model" in body:
             payload["model"] = body["model"]
+        data, headers = json.dumps(payload).encode(), {"content-type": "application/json"}
         try:
-            async with self._client.post(f"{self.base_url}/tokenize", json=payload) as response:
+            response, _ = await post(*self._clients, f"{self.base_url}/tokenize", data, headers)
+            async with response:
                 status, text = response.status, await response.text(errors="replace")
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise TokenizeError(f"tokenizing through {self.base_url}/tokenize failed: {exc!r}", status=502) from None

@@ -74,8 +74,12 @@ async def _tokenize_costs(engine_url: str, model_dir: Path, n: int) -> dict[str,
     completion = {"model": "tiny", "prompt": " ".join(block_text(h) for h in range(40))}
     chat = {"model": "tiny", "messages": [{"role": "user", "content": completion["prompt"]}]}
     costs = {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
-        remote = EngineTokenizer(client, engine_url)
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as client,
+        aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as fresh,
+    ):
+        remote = EngineTokenizer(client, fresh, engine_url)
         for name, tokenizer in (("local", local), ("engine", remote)):
             for kind, body, call in (("completion", completion, "completion_ids"), ("chat", chat, "chat_ids")):
                 samples = []
