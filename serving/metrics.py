@@ -74,6 +74,8 @@ runs in the scraping thread (the event loop).
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -83,6 +85,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from kvcost.data.store import TERMS_AND_TTFT
 from kvcost.serving.engines.kv_events import IngestStats
 
+logger = logging.getLogger(__name__)
 #: ``reason_kind`` label values kept; any further kind is counted as ``other`` (bounded cardinality).
 MAX_REASON_KINDS = 64
 #: Words of a reason kept in its kind.
@@ -92,6 +95,8 @@ LATENCY_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
 ERROR_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: :func:`watch_loop_lag`'s sleep: short enough to see a stall of 0.1 s, rare enough to cost nothing (10 wake-ups/s).
 LOOP_LAG_INTERVAL_S = 0.1
+#: A wake-up this late (seconds) is logged as a warning (:func:`watch_loop_lag`).
+LOOP_STALL_WARNING_S = 1.0
 
 
 def reason_kind(reason: str) -> str:
@@ -380,16 +385,47 @@ class ServiceMetrics:
         return generate_latest(self.registry)
 
 
-async def watch_loop_lag(lag: Histogram, interval_s: float = LOOP_LAG_INTERVAL_S) -> None:
+async def watch_loop_lag(
+    lag: Histogram, interval_s: float = LOOP_LAG_INTERVAL_S, warn_s: float = LOOP_STALL_WARNING_S
+) -> None:
     """Observe, into ``lag``, how late the running loop wakes from each ``interval_s`` sleep; runs until cancelled.
 
     A late wake-up is time in which the loop ran nothing else: a blocking call, a long callback, or the
     process starved of CPU. Every request the loop serves then waits as long (its TTFT grows, and a
-    connection kept alive can outlive the engine's keep-alive timeout: ``gateway.proxy.post``).
+    connection kept alive can outlive the engine's keep-alive timeout: ``gateway.engine_http.post``).
     Node.js's ``perf_hooks.monitorEventLoopDelay`` measures the same way, from a timer's late firing.
+
+    A wake-up ``warn_s`` or more late is logged as a warning with the CPU seconds used meanwhile by the
+    loop's thread and by the whole process (:func:`stall_cause` reads them).
     """
     loop = asyncio.get_running_loop()
     while True:
-        before = loop.time()
+        before, thread_before, process_before = loop.time(), time.thread_time(), time.process_time()
         await asyncio.sleep(interval_s)
-        lag.observe(max(0.0, loop.time() - before - interval_s))
+        late_s = max(0.0, loop.time() - before - interval_s)
+        lag.observe(late_s)
+        if late_s >= warn_s:
+            thread_s, process_s = time.thread_time() - thread_before, time.process_time() - process_before
+            logger.warning(
+                "event loop stalled %.2f s: its thread used %.2f CPU s, the process %.2f: %s",
+                late_s, thread_s, process_s, stall_cause(late_s + interval_s, thread_s, process_s),
+            )  # fmt: skip
+
+
+def stall_cause(wall_s: float, thread_s: float, process_s: float) -> str:
+    """What a stall of ``wall_s`` seconds was, from the CPU seconds the loop's thread and the process used in it.
+
+    The loop's thread busy most of it (≥ half): a callback that computes. The process busy but not
+    the thread: likely other threads holding the GIL (a thread in C code that releases it runs beside
+    the loop instead). Neither: the thread waited (a blocking call) or the operating system ran other
+    processes (a loaded machine); these two are not told apart here.
+
+    Example:
+        >>> stall_cause(2.0, 1.9, 1.95), stall_cause(2.0, 0.1, 1.8), stall_cause(2.0, 0.05, 0.1)
+        ('a callback computing on the loop', 'other threads of the process', 'blocked or starved of CPU')
+    """
+    if thread_s >= 0.5 * wall_s:
+        return "a callback computing on the loop"
+    if process_s - thread_s >= 0.5 * wall_s:
+        return "other threads of the process"
+    return "blocked or starved of CPU"

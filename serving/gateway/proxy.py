@@ -120,9 +120,9 @@ class Gateway:
         tokenizer: how prompts are tokenized.
         liveness: marks unreachable engines unknown in the directory.
         client: HTTP client to the engines, pooling connections (timeouts set by the caller:
-            :func:`~kvcost.serving.gateway.routes.engine_client`).
+            :func:`~kvcost.serving.gateway.engine_http.engine_client`).
         fresh_client: the same without a pool, for a request sent again after an engine closed a
-            pooled connection under it (:meth:`_send`).
+            pooled connection under it (:func:`~kvcost.serving.gateway.engine_http.post`).
         gpu: GPU type of every engine (the service's default).
     """
 

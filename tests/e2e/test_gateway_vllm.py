@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -303,7 +304,7 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
     share = counts["equal"] / max(1, len(rows))
     print(f"[e2e] hit agreement {counts['equal']}/{len(rows)} = {share:.2%}; {counts}")
     _print_disagreements(rows)
-    _print_gateway_stalls(text, urls)
+    _print_gateway_stalls(exact, urls)
     assert failed == [], _brief(failed)
     assert len(reset) <= 0.01 * len(results), f"{len(reset)} connections reset before the answer's head"
     assert "Exception in ASGI application" not in exact.log.read_text()
@@ -335,14 +336,17 @@ def _brief(results: list[Result]) -> list[tuple]:
     return [(r.spec.index, r.status, r.worker, r.done, (r.error or "")[:300]) for r in results]
 
 
-def _print_gateway_stalls(text: str, urls: dict[int, str]) -> None:
-    """How often the gateway's event loop woke late (a stall every request shared), and the requests it sent
-    again on a new connection because an engine closed a pooled one under them (gateway.proxy.post)."""
+def _print_gateway_stalls(serve: KvcostServe, urls: dict[int, str]) -> None:
+    """How often the gateway's event loop woke late (a stall every request shared) and why, by the service's
+    warnings (serving.metrics.stall_cause), and the requests it sent again on a new connection because an
+    engine closed a pooled one under them (gateway.engine_http.post)."""
+    text = serve.metrics()
     wakes = metric(text, "kvcost_event_loop_lag_seconds_count")
     late = [wakes - metric(text, "kvcost_event_loop_lag_seconds_bucket", le=le) for le in ("0.5", "1.0", "2.5")]
+    causes = Counter(line.rpartition(": ")[2] for line in serve.log.read_text().splitlines() if "loop stalled" in line)
     retries = {w: metric(text, "kvcost_gateway_connection_retries_total", worker=str(w)) for w in urls}
     print(f"[e2e] gateway event loop late by more than 0.5/1/2.5 s: {late} times (of {wakes:.0f}, since start); "
-          f"sent again on a new connection: {retries}")  # fmt: skip
+          f"stalls ≥ 1 s by cause {dict(causes)}; sent again on a new connection: {retries}")  # fmt: skip
 
 
 def _print_resets(serve: KvcostServe, reset: list[Result]) -> None:
@@ -567,7 +571,7 @@ def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_bac
     for i, spec in enumerate(after_specs):
         spec.index = i
     after = asyncio.run(send_open_loop(exact.url, after_specs, 10.0, id_prefix="after"))
-    _print_gateway_stalls(exact.metrics(), {i: e.base_url for i, e in enumerate(engines)})
+    _print_gateway_stalls(exact, {i: e.base_url for i, e in enumerate(engines)})
     assert all(r.status == 200 and r.done and not r.error for r in after), _brief(after)
     ids = ",".join(f"'after-{r.spec.index}'" for r in after if r.worker == 0)
     rows = exact.requests(f"worker_id = 0 AND client_request_id IN ({ids}) AND outcome = 'ok'") if ids else []
