@@ -274,13 +274,24 @@ class Router:
             self.fallbacks += 1
         self.cost_model = cost_model if cost_model is not None else TermModelSet.analytic()
 
-    def route(self, request: RouteRequest, snapshots: Sequence[WorkerSnapshot], now_s: float) -> RouteDecision:
+    def route(
+        self,
+        request: RouteRequest,
+        snapshots: Sequence[WorkerSnapshot],
+        now_s: float,
+        in_flight_ttl_s: float | None = None,
+    ) -> RouteDecision:
         """Choose a worker for ``request`` among ``snapshots`` (non-empty).
 
         Args:
             request: the request.
             snapshots: candidate workers' load.
             now_s: decision time.
+            in_flight_ttl_s: the caller reports this request's outcome (:meth:`on_outcome` or
+                :meth:`on_no_ttft`) within this many seconds (> 0), so its in-flight prefix is kept
+                until then, however slow the engine (the gateway, which sees every request's first
+                token or failure). None: it is kept :data:`IN_FLIGHT_TTL_FACTOR` predicted TTFTs,
+                at least ``in_flight_min_ttl_s`` (an API client may never report some outcomes).
 
         Raises:
             ValueError: no candidates.
@@ -325,7 +336,9 @@ class Router:
         if calibrated is not None and self._records:
             self.served_bounds.add(request.request_id, float(calibrated.p90_s[index]), now_s)
         if self.in_flight is not None and self._records:
-            ttl_s = max(self.settings.in_flight_min_ttl_s, IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index]))
+            ttl_s = in_flight_ttl_s or max(
+                self.settings.in_flight_min_ttl_s, IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index])
+            )
             namespace, worker_id = namespaces[index], worker_ids[index]
             self.in_flight.add(namespace, worker_id, request.block_hashes, now_s + ttl_s, request.request_id)
         return RouteDecision(
@@ -352,6 +365,17 @@ class Router:
         if self.in_flight is not None and self._records:
             grace_s = self.settings.in_flight_release_grace_s
             self.in_flight.release(request_id, now_s + grace_s if grace_s > 0 else None)
+
+    def on_no_ttft(self, request_id: int, completed: bool, now_s: float) -> None:
+        """A routed request's outcome came without a TTFT. ``completed``: it was answered whole, not
+        streamed, so its prefix is stored and leaves the in-flight index after the release grace, as
+        with :meth:`on_outcome`. Else it ended before its first token (its engine failed, its client
+        left) and its prefix leaves at once: what the engine stored of it, a KV event reports. The
+        policy and the served bounds learn nothing (an overdue bound counts as a miss). An unknown id
+        does nothing."""
+        if self.in_flight is not None and self._records:
+            grace_s = self.settings.in_flight_release_grace_s
+            self.in_flight.release(request_id, now_s + grace_s if completed and grace_s > 0 else None)
 
     def on_finished(self, output_tokens: int) -> None:
         """A routed request finished with ``output_tokens`` generated tokens (an integer ≥ 0): count it in

@@ -164,6 +164,12 @@ class Routing:
         with self.lock:
             self.router.on_outcome(request_id, ttft_s, now_s)
 
+    def on_no_ttft(self, request_id: int, completed: bool, now_s: float) -> None:
+        """A routed request's outcome came without a TTFT (answered whole, or ended before its first
+        token): the routing router's in-flight index learns it (:meth:`Router.on_no_ttft`), under the lock."""
+        with self.lock:
+            self.router.on_no_ttft(request_id, completed, now_s)
+
     def on_finished(self, output_tokens: int) -> None:
         """A routed request finished with ``output_tokens`` generated tokens: the routing router's
         decode-length estimate counts it (:meth:`Router.on_finished`; the scorer reads the same
@@ -225,8 +231,11 @@ class Routing:
         run_id: str,
         model_label: str,
         now_s: float,
+        in_flight_ttl_s: float | None = None,
     ) -> tuple[RouteResponse, RouteDecision]:
         """Route a resolved request (see :meth:`resolve`), remember the decision; returns the response and it.
+
+        ``in_flight_ttl_s``: the caller reports the outcome within this long (:meth:`Router.route`).
 
         In approximate mode the chosen worker is recorded as holding the request's blocks
         (:meth:`CacheDirectory.record_routed`), and blocks routed more than ``routed_ttl_s``
@@ -235,7 +244,7 @@ class Routing:
         Raises:
             FieldError: no candidate serves the request's namespace.
         """
-        decision = self._route(self.router, request, snapshots, now_s)
+        decision = self._route(self.router, request, snapshots, now_s, in_flight_ttl_s)
         if decision.worker_id not in self.exact_workers:
             with self.lock:
                 self._directory.expire_routed(now_s, self.settings.routed_ttl_s)
@@ -263,7 +272,14 @@ class Routing:
         )
         return response, decision
 
-    def _route(self, router: Router, request: RouteRequest, snapshots: list[WorkerSnapshot], now_s: float):
+    def _route(
+        self,
+        router: Router,
+        request: RouteRequest,
+        snapshots: list[WorkerSnapshot],
+        now_s: float,
+        in_flight_ttl_s: float | None = None,
+    ):
         """``router.route`` under the lock; the router's compatibility refusal as a ``candidates`` field error.
 
         Raises:
@@ -271,7 +287,7 @@ class Routing:
         """
         try:
             with self.lock:
-                return router.route(request, snapshots, now_s)
+                return router.route(request, snapshots, now_s, in_flight_ttl_s)
         except NoCompatibleCandidate as exc:
             raise FieldError(("candidates",), str(exc)) from None
 

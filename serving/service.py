@@ -353,8 +353,12 @@ class ScoringService:
         snapshots: list[WorkerSnapshot],
         sources: Mapping[int, str],
         ages: Mapping[int, float],
+        in_flight_ttl_s: float | None = None,
     ) -> tuple[RouteResponse, RouteDecision]:
         """Route a request the gateway resolved itself (token ids hashed, snapshots built); recorded as :meth:`route`.
+
+        ``in_flight_ttl_s``: the gateway reports the outcome (:meth:`record_measured`) within this long, so
+        the request's prefix counts as in flight until then (:meth:`Router.route`).
 
         Raises:
             FieldError: no candidate serves the request's namespace.
@@ -363,7 +367,7 @@ class ScoringService:
         self._require_started()
         start = time.perf_counter()
         response, decision = self.routing.decide(
-            request, snapshots, sources, ages, self.run_id, self.model_status.label, self.clock()
+            request, snapshots, sources, ages, self.run_id, self.model_status.label, self.clock(), in_flight_ttl_s
         )
         self._log_decision(decision, start)
         return response, decision
@@ -467,7 +471,8 @@ class ScoringService:
         (no one waits for it: the client has its answer already), so a crash loses at most
         that window of gateway rows; the returned future resolves when it is committed (None:
         the decision is unknown or already observed, nothing is written). A known TTFT
-        reaches the router (:meth:`Routing.on_outcome`) at once.
+        reaches the router (:meth:`Routing.on_outcome`) at once, and so does an outcome without
+        one (:meth:`Routing.on_no_ttft`: the request's prefix leaves the in-flight index).
 
         Raises:
             LogUnavailableError: not started, or the writer's queue is full.
@@ -484,6 +489,8 @@ class ScoringService:
         self._count_errors(measured, decision)
         if measured.ttft_s is not None:
             self.routing.on_outcome(measured.request_id, measured.ttft_s, self.routing.clock())
+        else:
+            self.routing.on_no_ttft(measured.request_id, measured.e2e_s is not None, self.routing.clock())
         if measured.output_tokens is not None and measured.e2e_s is not None:
             self.routing.on_finished(measured.output_tokens)
         return future

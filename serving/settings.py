@@ -166,9 +166,9 @@ class ServiceSettings(BaseSettings):
         10.0,
         ge=0,
         le=3600,
-        description="a prefix routed to a worker counts as in flight (reusable by the next request) at least "
+        description="a prefix routed by /v1/route counts as in flight (reusable by the next request) at least "
         "this long unless its request's outcome comes sooner: live engines may run far slower than the profile "
-        "of --model on --gpu predicts",
+        "of --model on --gpu predicts (the gateway keeps its own requests' prefixes until their outcome)",
     )
     in_flight_release_grace_s: float = Field(
         1.0,

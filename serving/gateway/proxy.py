@@ -207,7 +207,11 @@ class Gateway:
         snapshots = [self._snapshot(w) for w in workers]
         now_s = self.service.clock()
         ages = {w: self._scrape_age_s(w, now_s) for w in workers}
-        _, decision = self.service.route_resolved(request, snapshots, dict.fromkeys(workers, "gateway"), ages)
+        settings = self.service.settings  # the engine answers or fails within its timeouts, and either is logged
+        outcome_within_s = settings.engine_connect_timeout_s + settings.engine_read_timeout_s
+        _, decision = self.service.route_resolved(
+            request, snapshots, dict.fromkeys(workers, "gateway"), ages, in_flight_ttl_s=outcome_within_s
+        )
         self.load.routed(
             decision_id, decision.worker_id, request.input_tokens, _reusable(decision, request.input_tokens)
         )

@@ -453,6 +453,30 @@ def test_in_flight_entry_expires_after_twice_its_predicted_ttft_or_the_minimum(
     assert decision.matches[0].reusable_blocks == blocks
 
 
+def test_in_flight_entry_of_a_caller_that_reports_outcomes_stays_until_its_outcome_without_a_ttft(
+    make_router, make_snapshot
+):
+    # the gateway: turn 1 (blocks 1..3, request 0) is kept 100 s however short its predicted TTFT, until its
+    # outcome: a failure before the first token drops it at once; a whole (unstreamed) answer after the grace
+    router = make_router(count_in_flight=True, in_flight_release_grace_s=1.0)
+    router.cost_model = FixedCostModel(queue_s=[0.0, 0.5], prefill_s=[0.1, 0.1])
+    both = [make_snapshot(0), make_snapshot(1)]
+    router.route(request(1536, [1, 2, 3]), both, 1.0, in_flight_ttl_s=100.0)
+    router.route(request(1536, [7, 8], 1), both, 1.0, in_flight_ttl_s=100.0)
+    held = router.route(request(2560, [1, 2, 3, 4, 5], 2), both, 50.0)
+    assert held.matches[0].reusable_blocks == 3
+    assert held.worker_id == 0
+    for request_id in (0, 2):  # their engine failed
+        router.on_no_ttft(request_id, completed=False, now_s=50.0)
+    router.on_no_ttft(1, completed=True, now_s=50.0)  # answered whole
+    assert router.in_flight.match(NS, [1, 2, 3], [0]) == [0]
+    router.in_flight.expire(50.99)
+    assert router.in_flight.match(NS, [7, 8], [0]) == [2]
+    router.in_flight.expire(51.0)
+    assert router.in_flight.match(NS, [7, 8], [0]) == [0]
+    router.on_no_ttft(99, completed=False, now_s=51.0)  # an unknown id: nothing
+
+
 def test_a_negative_in_flight_minimum_is_refused():
     with pytest.raises(ValueError, match="in_flight_min_ttl_s = -1, expected a number ≥ 0"):
         RouterSettings(in_flight_min_ttl_s=-1)

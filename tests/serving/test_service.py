@@ -188,3 +188,20 @@ def test_the_gateways_finished_requests_reach_the_routers_output_lengths(tmp_pat
         service.stop()
     # one 30-token completion after the prior (mean 172.5, weight 100, window 1000 completions)
     assert (lengths.observed, lengths.mean_tokens) == (1, pytest.approx((0.999 * 17250 + 30) / 100.9, rel=1e-12))
+
+
+def test_a_gateway_request_that_failed_before_its_first_token_leaves_the_in_flight_index_at_once(tmp_path):
+    from kvcost.serving.schemas import ScoreRequestIn
+    from kvcost.serving.service import MeasuredOutcome, ScoringService
+
+    service = ScoringService(settings_for(tmp_path, token=False))
+    service.start()
+    try:
+        service.route(ScoreRequestIn.model_validate(make_body(request_id=31)))
+        held = len(service.routing.router.in_flight)
+        failed = MeasuredOutcome(31, None, None, None, None, None, None, 0, None, "engine 1 failed: first token")
+        service.record_measured(failed).result(timeout=10)
+        left = len(service.routing.router.in_flight)
+    finally:
+        service.stop()
+    assert (held, left) == (1, 0)  # not kept for in_flight_min_ttl_s (10 s)
