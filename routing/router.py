@@ -288,8 +288,8 @@ class Router:
             snapshots: candidate workers' load.
             now_s: decision time.
             in_flight_ttl_s: the caller reports this request's outcome (:meth:`on_outcome` or
-                :meth:`on_no_ttft`) within this many seconds (> 0), so its in-flight prefix is kept
-                until then, however slow the engine (the gateway, which sees every request's first
+                :meth:`on_no_ttft`), so its in-flight prefix is kept until then, at most this many
+                seconds (≥ 0), however slow the engine (the gateway, which sees every request's first
                 token or failure). None: it is kept :data:`IN_FLIGHT_TTL_FACTOR` predicted TTFTs,
                 at least ``in_flight_min_ttl_s`` (an API client may never report some outcomes).
 
@@ -336,9 +336,10 @@ class Router:
         if calibrated is not None and self._records:
             self.served_bounds.add(request.request_id, float(calibrated.p90_s[index]), now_s)
         if self.in_flight is not None and self._records:
-            ttl_s = in_flight_ttl_s or max(
-                self.settings.in_flight_min_ttl_s, IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index])
-            )
+            if in_flight_ttl_s is not None:
+                ttl_s = in_flight_ttl_s
+            else:
+                ttl_s = max(self.settings.in_flight_min_ttl_s, IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index]))
             namespace, worker_id = namespaces[index], worker_ids[index]
             self.in_flight.add(namespace, worker_id, request.block_hashes, now_s + ttl_s, request.request_id)
         return RouteDecision(

@@ -481,18 +481,21 @@ class ScoringService:
         decision = self.routing.decisions.get(measured.request_id)
         if decision is None or decision.observed or decision.pending is not None:
             self.metrics.observations.labels("unknown" if decision is None else "duplicate").inc()
+            if decision is None:  # forgotten (past max_decisions): its in-flight prefix must not stay
+                self.routing.on_no_ttft(measured.request_id, measured.e2e_s is not None, self.routing.clock())
             return None
         decision.observed = True  # the gateway is the only observer of its requests
-        row = _request_row(measured, decision)
-        future = self._writer.submit(request_batch(decision.run_id, [row]))
-        self.metrics.observations.labels("recorded").inc()
-        self._count_errors(measured, decision)
+        # the router learns first: a log that refuses the row (LogUnavailableError) loses only the row
         if measured.ttft_s is not None:
             self.routing.on_outcome(measured.request_id, measured.ttft_s, self.routing.clock())
         else:
             self.routing.on_no_ttft(measured.request_id, measured.e2e_s is not None, self.routing.clock())
         if measured.output_tokens is not None and measured.e2e_s is not None:
             self.routing.on_finished(measured.output_tokens)
+        row = _request_row(measured, decision)
+        future = self._writer.submit(request_batch(decision.run_id, [row]))
+        self.metrics.observations.labels("recorded").inc()
+        self._count_errors(measured, decision)
         return future
 
     # ----------------------------------------------------------------- snapshots

@@ -170,6 +170,13 @@ class ServiceSettings(BaseSettings):
         "this long unless its request's outcome comes sooner: live engines may run far slower than the profile "
         "of --model on --gpu predicts (the gateway keeps its own requests' prefixes until their outcome)",
     )
+    in_flight_gateway_ttl_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="gateway: a prefix it routed counts as in flight until its request's first token or failure, "
+        "at most this long (a bound on what a lost outcome can cost; a request queued longer loses the count)",
+    )
     in_flight_release_grace_s: float = Field(
         1.0,
         ge=0,

@@ -343,7 +343,8 @@ async def _get_once_more_if_stale(client: httpx.AsyncClient, url: str) -> httpx.
     "Server disconnected without sending a response". That happens when the router's event loop stalls
     near the timeout on a loaded machine, and says nothing about the engine. A GET is idempotent, and
     HTTP/1.1 lets a client retry an idempotent request after its connection closed (RFC 9110 §9.2.2,
-    RFC 9112 §9.3.1).
+    RFC 9112 §9.3.1). The gateway's POSTs to the engines follow the same rule with aiohttp
+    (:func:`kvcost.serving.gateway.engine_http.post`: only a reused connection, sent again on a new one).
 
     Raises:
         httpx.HTTPError: the second attempt's error, or the first one's when it is not a stale connection.

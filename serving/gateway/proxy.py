@@ -207,10 +207,9 @@ class Gateway:
         snapshots = [self._snapshot(w) for w in workers]
         now_s = self.service.clock()
         ages = {w: self._scrape_age_s(w, now_s) for w in workers}
-        settings = self.service.settings  # the engine answers or fails within its timeouts, and either is logged
-        outcome_within_s = settings.engine_connect_timeout_s + settings.engine_read_timeout_s
+        ttl_s = self.service.settings.in_flight_gateway_ttl_s  # every attempt's outcome is logged (_log)
         _, decision = self.service.route_resolved(
-            request, snapshots, dict.fromkeys(workers, "gateway"), ages, in_flight_ttl_s=outcome_within_s
+            request, snapshots, dict.fromkeys(workers, "gateway"), ages, in_flight_ttl_s=ttl_s
         )
         self.load.routed(
             decision_id, decision.worker_id, request.input_tokens, _reusable(decision, request.input_tokens)
@@ -250,13 +249,15 @@ class Gateway:
         returns its connection to the pool, ``close()`` drops it, which is how an engine learns that a
         request was abandoned)."""
         url, data, headers = request
+
+        def sent_again(reason: str) -> None:
+            self.service.metrics.gateway_connection_retries.labels(str(attempt.worker_id)).inc()
+            logger.info("engine %d closed a reused connection (%s); sent again on a new one", attempt.worker_id, reason)
+
         try:
-            response, closed = await post(self.client, self.fresh_client, url, data, headers)
+            response = await post(self.client, self.fresh_client, url, data, headers, sent_again)
         except _TRANSPORT_ERRORS as exc:
             raise _EngineFailedError(attempt.worker_id, one_line(exc), isinstance(exc, _UNREACHABLE)) from None
-        if closed is not None:
-            self.service.metrics.gateway_connection_retries.labels(str(attempt.worker_id)).inc()
-            logger.info("engine %d closed a pooled connection (%s); sent again on a new one", attempt.worker_id, closed)
         if response.status >= 500:
             try:
                 text = (await response.read())[:300].decode(errors="replace")

@@ -185,7 +185,7 @@ class EngineTokenizer:
             payload["model"] = body["model"]
         data, headers = json.dumps(payload).encode(), {"content-type": "application/json"}
         try:
-            response, _ = await post(*self._clients, f"{self.base_url}/tokenize", data, headers)
+            response = await post(*self._clients, f"{self.base_url}/tokenize", data, headers)
             async with response:
                 status, text = response.status, await response.text(errors="replace")
         except (aiohttp.ClientError, TimeoutError) as exc:

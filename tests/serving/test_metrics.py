@@ -38,7 +38,7 @@ def test_a_loop_blocked_for_a_third_of_a_second_is_observed_late_once_and_warned
     [
         (1.0, 1.0, "a callback computing on the loop"),
         (0.99, 2.0, "other threads of the process"),  # the thread under half the wall time, the others over
-        (0.2, 1.2, "other threads of the process"),
+        (0.2, 1.25, "other threads of the process"),
         (0.2, 1.1, "blocked or starved of CPU"),
     ],
 )

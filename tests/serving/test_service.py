@@ -190,18 +190,22 @@ def test_the_gateways_finished_requests_reach_the_routers_output_lengths(tmp_pat
     assert (lengths.observed, lengths.mean_tokens) == (1, pytest.approx((0.999 * 17250 + 30) / 100.9, rel=1e-12))
 
 
-def test_a_gateway_request_that_failed_before_its_first_token_leaves_the_in_flight_index_at_once(tmp_path):
+@pytest.mark.parametrize("max_decisions", [10, 1])  # 1: request 31's decision is forgotten when 32 is routed
+def test_a_gateway_request_that_failed_before_its_first_token_leaves_the_in_flight_index_at_once(
+    tmp_path, max_decisions
+):
     from kvcost.serving.schemas import ScoreRequestIn
     from kvcost.serving.service import MeasuredOutcome, ScoringService
 
-    service = ScoringService(settings_for(tmp_path, token=False))
+    service = ScoringService(settings_for(tmp_path, token=False, max_decisions=max_decisions))
     service.start()
     try:
         service.route(ScoreRequestIn.model_validate(make_body(request_id=31)))
+        service.route(ScoreRequestIn.model_validate(make_body(request_id=32, tokens=40)))
         held = len(service.routing.router.in_flight)
         failed = MeasuredOutcome(31, None, None, None, None, None, None, 0, None, "engine 1 failed: first token")
-        service.record_measured(failed).result(timeout=10)
+        service.record_measured(failed)
         left = len(service.routing.router.in_flight)
     finally:
         service.stop()
-    assert (held, left) == (1, 0)  # not kept for in_flight_min_ttl_s (10 s)
+    assert (held, left) == (2, 1)  # request 31's entry is not kept for in_flight_min_ttl_s (10 s); 32's is

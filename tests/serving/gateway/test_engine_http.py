@@ -6,7 +6,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from kvcost.serving.gateway.engine_http import closed_under_request, post
+from kvcost.serving.gateway.engine_http import closed_under_request, engine_client, post
+from kvcost.serving.settings import ServiceSettings
 
 
 class _ClosingServer:
@@ -42,32 +43,36 @@ class _ClosingServer:
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1/completions"
 
 
-async def _post_twice(server: _ClosingServer) -> list[tuple[int, str | None]]:
+async def _post_twice(server: _ClosingServer, retries: list[str]) -> list[tuple[int, str]]:
+    """Two requests in turn through the gateway's clients; each retry's reason goes to ``retries``."""
     url = await server.start()
-    async with (
-        aiohttp.ClientSession() as client,
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh,
-    ):
+    settings = ServiceSettings()
+    client, fresh = engine_client(settings), engine_client(settings, fresh=True)
+    try:
         out = []
         for _ in range(2):
-            response, closed = await post(client, fresh, url, b"{}", {"content-type": "application/json"})
-            out.append((response.status, await response.text(), closed))
-    server.server.close()
-    return out
+            response = await post(client, fresh, url, b"{}", {"content-type": "application/json"}, retries.append)
+            out.append((response.status, await response.text()))
+        return out
+    finally:
+        await client.close()
+        await fresh.close()
+        server.server.close()
 
 
-def test_a_pooled_connection_the_engine_closes_under_a_request_is_retried_once_on_a_new_connection():
-    server = _ClosingServer()
-    out = asyncio.run(_post_twice(server))
-    assert out == [(200, "ok", None), (200, "ok", "ServerDisconnectedError: Server disconnected")]
+def test_a_reused_connection_the_engine_closes_under_a_request_is_retried_once_on_a_new_connection():
+    server, retries = _ClosingServer(), []
+    out = asyncio.run(_post_twice(server, retries))
+    assert out == [(200, "ok"), (200, "ok")]
+    assert retries == ["ServerDisconnectedError: Server disconnected"]
     assert (server.connections, server.answered) == (2, 2)  # the pooled one, then the new one
 
 
-def test_an_engine_that_closes_the_new_connection_too_fails_the_request():
-    server = _ClosingServer(answer_none=True)
+def test_a_new_connection_the_engine_closes_is_its_failure_not_retried():
+    server, retries = _ClosingServer(answer_none=True), []
     with pytest.raises(aiohttp.ServerDisconnectedError):
-        asyncio.run(_post_twice(server))
-    assert (server.connections, server.answered) == (2, 0)
+        asyncio.run(_post_twice(server, retries))
+    assert (server.connections, server.answered, retries) == (1, 0, [])
 
 
 @pytest.mark.parametrize(
