@@ -42,9 +42,9 @@ def closed_under_request(exc: BaseException) -> bool:
 
     True for aiohttp's failures to write the request (``ClientOSError``), a reset, and a server that
     disconnected before answering (``ServerDisconnectedError``), as aiohttp's own retry of idempotent
-    requests reads them; false for a connection that could not be
-    opened (``ClientConnectorError``, which subclasses ``ClientOSError``: the engine is down) and for a
-    timeout (the engine is slow: sending again would add to its load).
+    requests reads them. False for a connection that could not be opened (``ClientConnectorError``,
+    which subclasses ``ClientOSError``: the engine is down) and for a timeout (the engine is slow:
+    sending again would add to its load).
     """
     closed = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)
     return isinstance(exc, closed) and not isinstance(exc, aiohttp.ClientConnectorError)

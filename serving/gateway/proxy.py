@@ -25,14 +25,14 @@ Failures: an engine that refuses the connection, times out, answers 5xx or ends 
 stream before the first chunk is marked failed (backoff, and unknown in the
 directory when unreachable) and the request is routed once more among the others;
 the client has received nothing yet, because the response starts only with the
-first chunk. A pooled connection the engine closed as the request was sent on it is no
+first chunk. A reused connection the engine closed as the request was sent on it is no
 failure: the request goes once more to the same engine on a new connection (:func:`post`).
 An engine that fails after the first chunk ends the client's stream with an error event
 naming it (tokens were sent; it cannot be retried). A client that disconnects cancels the
 engine's request (the connection to it is closed, which vLLM takes as an abort); what was
 measured is logged. One that disconnects before its body has arrived is answered 499
-(nothing was routed or logged). Every request ends
-as a response or an error naming the engine, and is logged with its outcome.
+(nothing was routed or logged). Every request ends as a response or an error naming the
+engine, and is logged with its outcome.
 
 Thread safety: the event loop only (the service's lock guards the directory).
 """
