@@ -25,11 +25,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import aiohttp
 import httpx
 import numpy as np
 
+from kvcost.serving.gateway.engine_http import engine_client
 from kvcost.serving.gateway.tokenize import EngineTokenizer, LocalTokenizer
+from kvcost.serving.settings import ServiceSettings
 from tests.e2e.engines import VLLMEngine, free_port, start_all
 from tests.e2e.null_engine import NullEngine
 from tests.e2e.test_gateway_vllm import ENGINE_VENV, ROOT, KvcostServe
@@ -74,11 +75,8 @@ async def _tokenize_costs(engine_url: str, model_dir: Path, n: int) -> dict[str,
     completion = {"model": "tiny", "prompt": " ".join(block_text(h) for h in range(40))}
     chat = {"model": "tiny", "messages": [{"role": "user", "content": completion["prompt"]}]}
     costs = {}
-    timeout = aiohttp.ClientTimeout(total=10)
-    async with (
-        aiohttp.ClientSession(timeout=timeout) as client,
-        aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True)) as fresh,
-    ):
+    settings = ServiceSettings(engine_read_timeout_s=10)
+    async with engine_client(settings) as client, engine_client(settings, fresh=True) as fresh:
         remote = EngineTokenizer(client, fresh, engine_url)
         for name, tokenizer in (("local", local), ("engine", remote)):
             for kind, body, call in (("completion", completion, "completion_ids"), ("chat", chat, "chat_ids")):
