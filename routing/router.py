@@ -287,11 +287,10 @@ class Router:
             request: the request.
             snapshots: candidate workers' load.
             now_s: decision time.
-            in_flight_ttl_s: the caller reports this request's outcome (:meth:`on_outcome` or
-                :meth:`on_no_ttft`), so its in-flight prefix is kept until then, at most this many
-                seconds (≥ 0), however slow the engine (the gateway, which sees every request's first
-                token or failure). None: it is kept :data:`IN_FLIGHT_TTL_FACTOR` predicted TTFTs,
-                at least ``in_flight_min_ttl_s`` (an API client may never report some outcomes).
+            in_flight_ttl_s: for a caller that reports every outcome (the gateway), the request's
+                in-flight prefix is kept until it (:meth:`on_outcome`, :meth:`release_in_flight`), at most
+                this many seconds. None: :data:`IN_FLIGHT_TTL_FACTOR` predicted TTFTs, at least
+                ``in_flight_min_ttl_s`` (an API client may never report some outcomes).
 
         Raises:
             ValueError: no candidates.
@@ -336,9 +335,8 @@ class Router:
         if calibrated is not None and self._records:
             self.served_bounds.add(request.request_id, float(calibrated.p90_s[index]), now_s)
         if self.in_flight is not None and self._records:
-            if in_flight_ttl_s is not None:
-                ttl_s = in_flight_ttl_s
-            else:
+            ttl_s = in_flight_ttl_s
+            if ttl_s is None:
                 ttl_s = max(self.settings.in_flight_min_ttl_s, IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index]))
             namespace, worker_id = namespaces[index], worker_ids[index]
             self.in_flight.add(namespace, worker_id, request.block_hashes, now_s + ttl_s, request.request_id)
@@ -363,20 +361,15 @@ class Router:
         and take its prefix out of the in-flight index (it is stored, and held while the request runs)."""
         self.policy.on_outcome(request_id, ttft_s, now_s)
         self.served_bounds.resolve(request_id, ttft_s)
-        if self.in_flight is not None and self._records:
-            grace_s = self.settings.in_flight_release_grace_s
-            self.in_flight.release(request_id, now_s + grace_s if grace_s > 0 else None)
+        self.release_in_flight(request_id, True, now_s)
 
-    def on_no_ttft(self, request_id: int, completed: bool, now_s: float) -> None:
-        """A routed request's outcome came without a TTFT. ``completed``: it was answered whole, not
-        streamed, so its prefix is stored and leaves the in-flight index after the release grace, as
-        with :meth:`on_outcome`. Else it ended before its first token (its engine failed, its client
-        left) and its prefix leaves at once: what the engine stored of it, a KV event reports. The
-        policy and the served bounds learn nothing (an overdue bound counts as a miss). An unknown id
-        does nothing."""
+    def release_in_flight(self, request_id: int, stored: bool, now_s: float) -> None:
+        """Request ``request_id``'s prefix leaves the in-flight index: after the release grace when
+        ``stored`` (its first token came, or it was answered whole), else at once (it ended before its
+        first token: what the engine stored of it, a KV event reports). An unknown id does nothing."""
         if self.in_flight is not None and self._records:
             grace_s = self.settings.in_flight_release_grace_s
-            self.in_flight.release(request_id, now_s + grace_s if completed and grace_s > 0 else None)
+            self.in_flight.release(request_id, now_s + grace_s if stored and grace_s > 0 else None)
 
     def on_finished(self, output_tokens: int) -> None:
         """A routed request finished with ``output_tokens`` generated tokens (an integer ≥ 0): count it in

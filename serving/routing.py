@@ -158,24 +158,29 @@ class Routing:
             for router in (self.router, self.scorer):
                 router.set_cost_model(model_set)
 
-    def on_outcome(self, request_id: int, ttft_s: float, now_s: float) -> None:
-        """A routed request's observed TTFT reaches the routing router (its policy and its served
-        P90 bounds' conformal factor, :meth:`Router.on_outcome`), under the lock."""
-        with self.lock:
-            self.router.on_outcome(request_id, ttft_s, now_s)
+    def on_outcome(
+        self,
+        request_id: int,
+        ttft_s: float | None,
+        now_s: float,
+        stored: bool = True,
+        finished_output_tokens: int | None = None,
+    ) -> None:
+        """What a routed request's outcome tells the routing router, under the lock.
 
-    def on_no_ttft(self, request_id: int, completed: bool, now_s: float) -> None:
-        """A routed request's outcome came without a TTFT (answered whole, or ended before its first
-        token): the routing router's in-flight index learns it (:meth:`Router.on_no_ttft`), under the lock."""
+        A TTFT (seconds) reaches its policy and served P90 bounds (:meth:`Router.on_outcome`); without
+        one (``None``), its prefix leaves the in-flight index, after the release grace when ``stored``
+        (answered whole) or at once (ended before its first token; :meth:`Router.release_in_flight`).
+        ``finished_output_tokens``: the request finished with that many generated tokens, counted in
+        the decode-length estimate the scorer reads too (:meth:`Router.on_finished`).
+        """
         with self.lock:
-            self.router.on_no_ttft(request_id, completed, now_s)
-
-    def on_finished(self, output_tokens: int) -> None:
-        """A routed request finished with ``output_tokens`` generated tokens: the routing router's
-        decode-length estimate counts it (:meth:`Router.on_finished`; the scorer reads the same
-        estimate), under the lock."""
-        with self.lock:
-            self.router.on_finished(output_tokens)
+            if ttft_s is not None:
+                self.router.on_outcome(request_id, ttft_s, now_s)
+            else:
+                self.router.release_in_flight(request_id, stored, now_s)
+            if finished_output_tokens is not None:
+                self.router.on_finished(finished_output_tokens)
 
     # ------------------------------------------------------------------- scoring
 

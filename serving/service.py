@@ -60,14 +60,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import Namespace, RouteDecision, RouteRequest, WorkerSnapshot
 from kvcost.data.log_rows import (
     CandidateBatch,
-    RequestRow,
     UnjoinedObservation,
     read_chosen_candidates,
     read_unjoined_ids,
@@ -90,6 +89,7 @@ from kvcost.serving.model_loading import (
     mlflow_lister,
     one_line,
 )
+from kvcost.serving.outcomes import MeasuredOutcome, request_row
 from kvcost.serving.routing import DecisionRecord, Routing
 from kvcost.serving.schemas import (
     ModelsResponse,
@@ -406,7 +406,7 @@ class ScoringService:
             return ObservationResponse(
                 request_id=body.request_id, status="duplicate", run_id=decision.run_id, worker_id=decision.worker_id
             )
-        future = self._writer.submit(request_batch(decision.run_id, [_request_row(body, decision)]), urgent=True)
+        future = self._writer.submit(request_batch(decision.run_id, [request_row(body, decision)]), urgent=True)
         pending = asyncio.wrap_future(future)
         decision.pending = pending
         # registered first, so it runs before any waiter resumes (even if this handler is cancelled)
@@ -420,9 +420,8 @@ class ScoringService:
             raise LogUnavailableError(f"observation not recorded: {one_line(exc)}") from exc
         self.metrics.observations.labels("recorded").inc()
         self._count_errors(body, decision)
-        self.routing.on_outcome(body.request_id, body.ttft_s, self.routing.clock())
-        if body.output_tokens is not None and body.e2e_s is not None:  # finished: its output length is known
-            self.routing.on_finished(body.output_tokens)
+        finished = body.output_tokens if body.e2e_s is not None else None  # finished: its output length is known
+        self.routing.on_outcome(body.request_id, body.ttft_s, self.routing.clock(), finished_output_tokens=finished)
         return ObservationResponse(
             request_id=body.request_id, status="recorded", run_id=decision.run_id, worker_id=decision.worker_id
         )
@@ -472,27 +471,24 @@ class ScoringService:
         that window of gateway rows; the returned future resolves when it is committed (None:
         the decision is unknown or already observed, nothing is written). A known TTFT
         reaches the router (:meth:`Routing.on_outcome`) at once, and so does an outcome without
-        one (:meth:`Routing.on_no_ttft`: the request's prefix leaves the in-flight index).
+        one (the request's prefix leaves the in-flight index).
 
         Raises:
             LogUnavailableError: not started, or the writer's queue is full.
         """
         self._require_started()
         decision = self.routing.decisions.get(measured.request_id)
+        stored, now_s = measured.e2e_s is not None, self.routing.clock()
         if decision is None or decision.observed or decision.pending is not None:
             self.metrics.observations.labels("unknown" if decision is None else "duplicate").inc()
             if decision is None:  # forgotten (past max_decisions): its in-flight prefix must not stay
-                self.routing.on_no_ttft(measured.request_id, measured.e2e_s is not None, self.routing.clock())
+                self.routing.on_outcome(measured.request_id, None, now_s, stored)
             return None
         decision.observed = True  # the gateway is the only observer of its requests
         # the router learns first: a log that refuses the row (LogUnavailableError) loses only the row
-        if measured.ttft_s is not None:
-            self.routing.on_outcome(measured.request_id, measured.ttft_s, self.routing.clock())
-        else:
-            self.routing.on_no_ttft(measured.request_id, measured.e2e_s is not None, self.routing.clock())
-        if measured.output_tokens is not None and measured.e2e_s is not None:
-            self.routing.on_finished(measured.output_tokens)
-        row = _request_row(measured, decision)
+        finished = measured.output_tokens if stored else None
+        self.routing.on_outcome(measured.request_id, measured.ttft_s, now_s, stored, finished)
+        row = request_row(measured, decision)
         future = self._writer.submit(request_batch(decision.run_id, [row]))
         self.metrics.observations.labels("recorded").inc()
         self._count_errors(measured, decision)
@@ -547,63 +543,3 @@ class ScoringService:
     def decisions_in_memory(self) -> int:
         """Decisions held for ``/v1/observe``."""
         return len(self.routing.decisions) if self.routing is not None else 0
-
-
-@dataclass(frozen=True, slots=True)
-class MeasuredOutcome:
-    """What the gateway measured of one request it routed and forwarded.
-
-    Attributes:
-        request_id: the gateway's id of the routing decision.
-        ttft_s: arrival at the gateway to the first streamed chunk, seconds; None when no token
-            arrived, or the request was not streamed (then only ``e2e_s`` is known).
-        queue_s: the engine's own queue time of the request, seconds; None when it reports none.
-        e2e_s: arrival to the last byte, seconds; None when the request did not complete.
-        tpot_s: mean time per output token after the first, seconds; None when unknown.
-        output_tokens: generated tokens (the engine's usage); None when not reported.
-        actual_reuse_tokens: the engine's ``usage.prompt_tokens_details.cached_tokens``; None when not reported.
-        directory_reuse_tokens: the directory's own match on the chosen worker at decision time, capped
-            as the engine caps a full hit (vLLM computes at least the last block-aligned part).
-        client_request_id: the client's id (``X-Request-Id`` or ``request_id``).
-        outcome: ``ok``, or what ended the request, naming the engine.
-    """
-
-    request_id: int
-    ttft_s: float | None
-    queue_s: float | None
-    e2e_s: float | None
-    tpot_s: float | None
-    output_tokens: int | None
-    actual_reuse_tokens: int | None
-    directory_reuse_tokens: int
-    client_request_id: str | None
-    outcome: str
-
-
-def _request_row(body: ObservationIn | MeasuredOutcome, d: DecisionRecord) -> RequestRow:
-    """The ``requests`` row of an observation (``/v1/observe``, or what the gateway measured) joined to its decision.
-
-    Engines do not report where a prefix came from nor what a miss cost:
-    ``mismatch_lost_s`` and ``served_by`` are NULL; the mismatch is known only
-    when the observation reports the reuse. A term the observation does not
-    carry (the gateway knows only the queue and TTFT) is NULL, as are the
-    gateway's columns for an ``/v1/observe`` observation.
-    """
-    actual_reuse = body.actual_reuse_tokens
-    return RequestRow(
-        request_id=body.request_id,
-        arrival_s=d.arrival_s,
-        worker_id=d.worker_id,
-        input_tokens=d.input_tokens,
-        output_tokens=body.output_tokens,
-        predicted_reuse_tokens=d.predicted_reuse_tokens,
-        actual_reuse_tokens=actual_reuse,
-        predicted_s=d.predicted_s,
-        actual_s=tuple(getattr(body, f"{term}_s", None) for term in TERMS_AND_TTFT),
-        tpot_s=body.tpot_s,
-        e2e_s=body.e2e_s,
-        directory_mismatch_tokens=None if actual_reuse is None else max(0, d.predicted_reuse_tokens - actual_reuse),
-        directory_reuse_tokens=getattr(body, "directory_reuse_tokens", None),
-        client_request_id=getattr(body, "client_request_id", None),
-        outcome=getattr(body, "outcome", None),
-    )

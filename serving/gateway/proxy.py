@@ -70,7 +70,8 @@ from kvcost.serving.gateway.sse import (
 )
 from kvcost.serving.gateway.tokenize import PromptTokenizer, TokenizeError
 from kvcost.serving.model_loading import one_line
-from kvcost.serving.service import MeasuredOutcome, ScoringService
+from kvcost.serving.outcomes import MeasuredOutcome
+from kvcost.serving.service import ScoringService
 
 logger = logging.getLogger(__name__)
 #: Decision ids: 62 random bits from a generator seeded by the OS (``secrets`` would read /dev/urandom per call).

@@ -467,14 +467,14 @@ def test_in_flight_entry_of_a_caller_that_reports_outcomes_stays_until_its_outco
     assert held.matches[0].reusable_blocks == 3
     assert held.worker_id == 0
     for request_id in (0, 2):  # their engine failed
-        router.on_no_ttft(request_id, completed=False, now_s=50.0)
-    router.on_no_ttft(1, completed=True, now_s=50.0)  # answered whole
+        router.release_in_flight(request_id, stored=False, now_s=50.0)
+    router.release_in_flight(1, stored=True, now_s=50.0)  # answered whole
     assert router.in_flight.match(NS, [1, 2, 3], [0]) == [0]
     router.in_flight.expire(50.99)
     assert router.in_flight.match(NS, [7, 8], [0]) == [2]
     router.in_flight.expire(51.0)
     assert router.in_flight.match(NS, [7, 8], [0]) == [0]
-    router.on_no_ttft(99, completed=False, now_s=51.0)  # an unknown id: nothing
+    router.release_in_flight(99, stored=False, now_s=51.0)  # an unknown id: nothing
 
 
 def test_a_negative_in_flight_minimum_is_refused():

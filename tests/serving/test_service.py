@@ -173,8 +173,9 @@ def test_a_model_the_fleet_does_not_serve_is_priced_as_an_explicit_fallback(tmp_
 
 
 def test_the_gateways_finished_requests_reach_the_routers_output_lengths(tmp_path):
+    from kvcost.serving.outcomes import MeasuredOutcome
     from kvcost.serving.schemas import ScoreRequestIn
-    from kvcost.serving.service import MeasuredOutcome, ScoringService
+    from kvcost.serving.service import ScoringService
 
     service = ScoringService(settings_for(tmp_path, token=False))
     service.start()
@@ -194,8 +195,9 @@ def test_the_gateways_finished_requests_reach_the_routers_output_lengths(tmp_pat
 def test_a_gateway_request_that_failed_before_its_first_token_leaves_the_in_flight_index_at_once(
     tmp_path, max_decisions
 ):
+    from kvcost.serving.outcomes import MeasuredOutcome
     from kvcost.serving.schemas import ScoreRequestIn
-    from kvcost.serving.service import MeasuredOutcome, ScoringService
+    from kvcost.serving.service import ScoringService
 
     service = ScoringService(settings_for(tmp_path, token=False, max_decisions=max_decisions))
     service.start()
