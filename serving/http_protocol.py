@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+logger = logging.getLogger(__name__)
 
 _TIMEOUT = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
@@ -84,6 +87,7 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         cycle = self.cycle
+        logger.warning("closed a connection from %s: request %s not received within %g s", self.client, stage, timeout_s)
         if cycle is None or not cycle.response_started:
             text = json.dumps({"detail": f"request {stage} not received within {timeout_s:g} s"}).encode()
             self.transport.write(_TIMEOUT % len(text) + text)  # the service's error body (ErrorOut)
