@@ -11,8 +11,9 @@ the body, a task. Slow clients are bounded here instead:
   connection that sends nothing (uvicorn arms no timer on such a connection);
 * **body**: its body must arrive within ``body_timeout_s`` of the head's end.
 
-Past either, the connection is closed; a request still without a response gets
-``408 Request Timeout`` first. The timer is cancelled when the request is
+Past either, the connection is closed, with a warning that names the client, the
+stage and the timeout; a request still without a response gets ``408 Request
+Timeout`` first. The timer is cancelled when the request is
 complete, so the time the application takes to answer is not limited here.
 
 **Concurrency**: while ``max_concurrency`` connections or requests are open, a new
