@@ -263,11 +263,12 @@ def calibrate_load_levels(
 
     Levels are found in increasing order, each reusing the replays of the ones
     before (one shared scale → utilisation table). The search starts at
-    ``start`` (default ``workers / 4``: the trace as recorded on 4 workers);
-    ``targets`` defaults to :data:`TARGET_UTILISATION`. The workers evict by ``eviction_policy`` and are
-    ``hardware``, as in the cells the levels are for.
+    ``start`` (default ``workers / 4`` × :func:`speed_ratio`: the trace as recorded on 4 workers, faster
+    or slower as the hardware serves it); ``targets`` defaults to :data:`TARGET_UTILISATION`. The workers
+    evict by ``eviction_policy`` and are ``hardware``, as in the cells the levels are for.
     """
-    start = workers / 4 if start is None else start
+    if start is None:
+        start = workers / 4 * speed_ratio(_trace(trace, 1.0, duration_s, seed), hardware)
     known: dict[float, float] = {}
 
     def measure(scale: float) -> float:
@@ -282,6 +283,43 @@ def calibrate_load_levels(
         ok = abs(utilisation - target) <= UTILISATION_TOLERANCE
         found[load] = Calibration(load, target, workers, scale, utilisation, replays, ok)
     return found
+
+
+def request_service_s(trace: Trace, hardware: BenchHardware) -> float:
+    """Seconds of one worker a mean request of ``trace`` takes on ``hardware``: the prefill of its mean
+    prompt alone, plus its share of the decode steps when the worker's KV memory is full of such
+    requests (batch ``B`` = KV capacity ÷ (prompt + half the output), each step reading their context;
+    the simulator's engine admits by memory, as vLLM does). Ignores prefix reuse and queueing: the
+    value is a speed for comparing hardware on one trace, not a latency.
+
+    Raises:
+        ValueError: an empty trace.
+    """
+    if not trace.requests:
+        raise ValueError(f"trace {trace.name!r} has no requests, expected at least one")
+    prompt = sum(r.input_tokens for r in trace.requests) / len(trace.requests)
+    output = sum(r.output_tokens for r in trace.requests) / len(trace.requests)
+    config = hardware.cluster(1)
+    model = config.step_model(hardware.gpu)
+    context = prompt + output / 2
+    batch = max(1, int(model.kv_capacity_tokens(config.gpu_memory_utilization) // max(context, 1.0)))
+    decode_step_s = model.step_s(batch, 0.0, int(batch * context))
+    return model.prefill_alone_s(round(prompt)) + output * decode_step_s / batch
+
+
+def speed_ratio(trace: Trace, hardware: BenchHardware) -> float:
+    """How much faster ``hardware`` serves ``trace`` than :data:`DEFAULT_HARDWARE` (the A100 × Llama-3-8B the
+    rate scales were first measured on): the ratio of their :func:`request_service_s`; exactly 1 on the
+    default hardware. At a given utilisation the arrival rate, so the rate scale, grows with it: the
+    calibration starts its search there instead of at the default hardware's scale, which on a GPU
+    several times slower replays deep overloads (the slowest replays) before it comes near the target.
+
+    Raises:
+        ValueError: an empty trace.
+    """
+    if hardware == DEFAULT_HARDWARE:
+        return 1.0
+    return request_service_s(trace, DEFAULT_HARDWARE) / request_service_s(trace, hardware)
 
 
 def calibrate(

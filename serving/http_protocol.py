@@ -88,7 +88,8 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         cycle = self.cycle
-        logger.warning("closed a connection from %s: request %s not received within %g s", self.client, stage, timeout_s)
+        message = "closed a connection from %s: request %s not received within %g s"
+        logger.warning(message, self.client, stage, timeout_s)
         if cycle is None or not cycle.response_started:
             text = json.dumps({"detail": f"request {stage} not received within {timeout_s:g} s"}).encode()
             self.transport.write(_TIMEOUT % len(text) + text)  # the service's error body (ErrorOut)

@@ -9,13 +9,17 @@ from kvcost.core.hardware import StepTimeModel
 from kvcost.data.traces import Trace, TraceRequest, load_trace
 from kvcost.features.nominal import NominalCosts
 from kvcost.replay.bench import (
+    DEFAULT_HARDWARE,
     UTILISATION_TOLERANCE,
     BenchCell,
+    BenchHardware,
     bench_cells,
     bisect_rate_scale,
     calibrate_load_levels,
     nearby_rate_scales,
+    request_service_s,
     run_cell,
+    speed_ratio,
 )
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.metrics import infinite_cache_reuse_tokens, isolated_ttft_s, physical_limit_ttft_p99_s
@@ -115,3 +119,32 @@ def test_a_cell_replayed_three_times_is_its_median_p99_replay():
     median = sorted(alone, key=lambda r: r["ttft_p99_s"])[1]
     assert json.dumps(row, sort_keys=True) == json.dumps(median | {"rate_scale": 4.0}, sort_keys=True)
     assert "ttft_p99_replays_s" not in run_cell(cell, trace, None, 0, False)
+
+
+class _LinearStepModel:
+    """1,000 tokens of KV; a step of n tokens takes 10 ms + 1 ms × n; a prefill of t tokens 0.1 ms × t."""
+
+    def kv_capacity_tokens(self, gpu_memory_utilization):
+        return 1000
+
+    def step_s(self, num_tokens, prefill_flops, decode_context_tokens):
+        return 0.010 + 0.001 * num_tokens
+
+    def prefill_alone_s(self, new_tokens, context_tokens=0):
+        return 0.0001 * new_tokens
+
+
+def test_a_mean_request_takes_its_prefill_and_its_share_of_a_memory_full_decode_batch(monkeypatch):
+    monkeypatch.setattr(ClusterConfig, "step_model", lambda self, gpu: _LinearStepModel())
+    trace = _trace([TraceRequest(0, 0.0, 100, 20, (1,)), TraceRequest(1, 1.0, 300, 60, (2,))])
+    # mean prompt 200, output 40: context 220 a request, 1000 // 220 = 4 in the batch, a step 14 ms
+    assert request_service_s(trace, DEFAULT_HARDWARE) == pytest.approx(0.0001 * 200 + 40 * 0.014 / 4, abs=1e-12)
+    with pytest.raises(ValueError, match="trace 't' has no requests"):
+        request_service_s(_trace([]), DEFAULT_HARDWARE)
+
+
+def test_the_calibration_starts_where_the_hardware_serves_the_trace():
+    trace = load_trace("gen:multi-turn:requests=200")
+    assert speed_ratio(trace, DEFAULT_HARDWARE) == 1.0  # the A100 grid's searches are unchanged
+    assert speed_ratio(trace, BenchHardware(gpu="h100")) > 1.5  # the same model, a faster GPU
+    assert speed_ratio(trace, BenchHardware(gpu="l40s", model="llama-2-7b")) < 0.7  # slower, and less KV memory
