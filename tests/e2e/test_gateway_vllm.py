@@ -339,15 +339,19 @@ def _brief(results: list[Result]) -> list[tuple]:
 
 def _print_gateway_stalls(serve: KvcostServe, urls: dict[int, str]) -> None:
     """How often the gateway's event loop woke late (a stall every request shared) and why, by the service's
-    warnings (serving.metrics.stall_cause), and the requests it sent again on a new connection because an
-    engine closed a pooled one under them (gateway.engine_http.post)."""
+    warnings (serving.metrics.stall_cause), the requests it sent again on a new connection because an
+    engine closed a pooled one under them (gateway.engine_http.post), and the client connections it closed
+    because a request's head or body came too late (serving.http_protocol: the client's own stall)."""
     text = serve.metrics()
     wakes = metric(text, "kvcost_event_loop_lag_seconds_count")
     late = [wakes - metric(text, "kvcost_event_loop_lag_seconds_bucket", le=le) for le in ("0.5", "1.0", "2.5")]
-    causes = Counter(line.rpartition(": ")[2] for line in serve.log.read_text().splitlines() if "loop stalled" in line)
+    lines = serve.log.read_text().splitlines()
+    causes = Counter(line.rpartition(": ")[2] for line in lines if "loop stalled" in line)
+    timed_out = Counter(line.rpartition(": ")[2] for line in lines if "closed a connection from" in line)
     retries = {w: metric(text, "kvcost_gateway_connection_retries_total", worker=str(w)) for w in urls}
     print(f"[e2e] gateway event loop late by more than 0.5/1/2.5 s: {late} times (of {wakes:.0f}, since start); "
-          f"stalls ≥ 1 s by cause {dict(causes)}; sent again on a new connection: {retries}")  # fmt: skip
+          f"stalls ≥ 1 s by cause {dict(causes)}; sent again on a new connection: {retries}; client connections "
+          f"closed for a read timeout: {dict(timed_out)}")  # fmt: skip
 
 
 def _print_resets(serve: KvcostServe, reset: list[Result], id_prefix: str = "e2e") -> None:
