@@ -510,11 +510,14 @@ def _score(url: str, prompt: list[int]) -> dict:
 #: is sent over 4 s; a CI run once hung here, engine 0 never running any of it).
 BURST_WAIT_S = 60.0
 
-#: The restart test's burst: requests and output tokens each. After the kill engine 1 serves about all of it,
-#: :data:`MAX_NUM_SEQS` at a time, so its last request's first token comes after about
-#: BURST_REQUESTS / MAX_NUM_SEQS × BURST_MAX_TOKENS decode steps: 15 × 200 × 10 ms ≈ 30 s here, a quarter of
-#: the client's read timeout. A CI run with 40 × 800 (≈ 160 s) timed out 4 requests queued last.
-BURST_REQUESTS, BURST_MAX_TOKENS = 30, 200
+#: The restart test's burst: requests, and output tokens of the first :data:`BURST_LONG` and of the rest.
+#: The first ones are long so that the stream the kill waits for (the first from engine 0, among the first
+#: sent) still has seconds to run when the kill comes: with 200 tokens (about 2 s) a CI run cut only 1 stream
+#: of engine 0's 2, where the test needs 1. After the kill engine 1 serves about all of the burst,
+#: :data:`MAX_NUM_SEQS` at a time, so its last first token comes after about (4 × 800 + 26 × 200) ÷ 2
+#: decode steps ≈ 42 s at 10 ms a step, a third of the client's read timeout. A CI run with 40 requests of
+#: 800 tokens (≈ 160 s) timed out the 4 queued last.
+BURST_REQUESTS, BURST_LONG, BURST_LONG_TOKENS, BURST_MAX_TOKENS = 30, 4, 800, 200
 
 
 #: Chunks the client must have received from engine 0 on one stream of the burst before the kill, so that
@@ -532,6 +535,8 @@ def _streaming(live: list[Result], worker_id: int) -> bool:
 def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_back(exact, engines):
     hash_lists, _ = trace_slice(TRACE, BURST_REQUESTS, MAX_PROMPT_TOKENS)
     burst = specs(hash_lists, BURST_MAX_TOKENS, chat_every=1000, salt_every=1000)  # some are cut by the crash
+    for spec in burst[:BURST_LONG]:
+        spec.body["max_tokens"] = BURST_LONG_TOKENS
     prompts = [s.body["prompt"] for s in specs(trace_slice(TRACE, REQUESTS, MAX_PROMPT_TOKENS)[0], 1, 1000, 1000)]
     held = next(((p, c) for p in prompts if (c := _score(exact.url, p))["reusable_tokens"] >= 64), None)
     assert held is not None, "no prompt of the main run is held by worker 0"
