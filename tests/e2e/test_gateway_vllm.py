@@ -507,7 +507,7 @@ def _score(url: str, prompt: list[int]) -> dict:
 
 
 #: Seconds the restart test waits for engine 0 to stream part of its burst before it gives up (the burst
-#: is sent over 4 s; a CI run once hung here, engine 0 never running any of it).
+#: is sent over 3 s; a CI run once hung here, engine 0 never running any of it).
 BURST_WAIT_S = 60.0
 
 #: The restart test's burst: requests, and output tokens of the first :data:`BURST_LONG` and of the rest.
