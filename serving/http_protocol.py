@@ -88,10 +88,10 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         cycle = self.cycle
-        message = "closed a connection from %s: request %s not received within %g s"
-        logger.warning(message, self.client, stage, timeout_s)
+        reason = f"request {stage} not received within {timeout_s:g} s"
+        logger.warning("closed a connection from %s: %s", self.client, reason)
         if cycle is None or not cycle.response_started:
-            text = json.dumps({"detail": f"request {stage} not received within {timeout_s:g} s"}).encode()
+            text = json.dumps({"detail": reason}).encode()
             self.transport.write(_TIMEOUT % len(text) + text)  # the service's error body (ErrorOut)
         self.transport.close()
 
