@@ -165,9 +165,17 @@ def kv_wait_s(
     about one finished a second for over 10 s, a fraction of the stationary rate ``n ÷ E[L]`` a
     step).
 
-    When ``k ≥ n``, or a finish frees no more than is taken meanwhile, the wait is the whole
-    batch's drain, ``mean × (1 + 1/2 + … + 1/n)`` steps (progress known: the last finish of
-    :func:`finish_steps`). The first
+    When a finish frees no more than is taken meanwhile, the wait is the whole batch's drain,
+    ``mean × (1 + 1/2 + … + 1/n)`` steps (progress known: the last finish of :func:`finish_steps`).
+    When ``k > n``, the drain is not enough: the requests admitted as memory frees must finish too.
+    Their finishes come at the batch's stationary rate, ``n ÷ mean`` a step (Little's law, as
+    above), each freeing the same net blocks, so the wait is the drain plus ``(k − n) × mean ÷ n``
+    steps: it grows with the deficit at the rate the worker's memory turns over. This is the
+    regime of a worker whose memory holds a few long prompts at a time (kvcost issue 13: an L40S
+    serving Llama-2-7B holds about four of the bundled trace's conversations; capped at the drain,
+    the estimate's mean there was 0.72 of the queue residual it estimates on that trace and 0.17 on
+    ``gen:mix``, and is 0.95 and 0.58 with the later finishes; on A100s serving Llama-3-8B, ``k``
+    stays within the batch and nothing changes). The first
     ``ceil(queued_prefill_tokens / (token_budget − n))`` of those steps are the compute queue's own
     (chunked prefill, :func:`queue_and_prefill_s`), which the request waits out anyway; the wait for
     memory is the steps beyond them, each a decode-only step of the batch (``step_model.step_s``).
@@ -257,15 +265,16 @@ def kv_wait_batch_s(
         held = w.decode_context_tokens / block_size_tokens if w.held_blocks is None else float(w.held_blocks)
         freed_per_finish = held / n - mean_steps / block_size_tokens
         k = math.ceil(w.deficit_blocks / freed_per_finish) if freed_per_finish > 0 else n
+        later_steps = max(0, k - n) * mean_steps / n  # the finishes beyond this batch, at n ÷ mean a step
         if len(w.running_output_tokens) == n and mean_steps > 0:
-            pending.append((i, min(k, n)))
+            pending.append((i, min(k, n), later_steps))
         else:
-            waits[i] = _wait_beyond_queue_s(w, mean_steps * (_harmonic(n) - _harmonic(max(0, n - k))))
+            waits[i] = _wait_beyond_queue_s(w, mean_steps * (_harmonic(n) - _harmonic(max(0, n - k))) + later_steps)
     if pending:
-        progress = [workers[i].running_output_tokens for i, _ in pending]
-        steps = finish_steps_batch([k for _, k in pending], progress, mean_steps, output_cv2)
-        for (i, _), s in zip(pending, steps.tolist(), strict=True):
-            waits[i] = _wait_beyond_queue_s(workers[i], s)
+        progress = [workers[i].running_output_tokens for i, _, _ in pending]
+        steps = finish_steps_batch([k for _, k, _ in pending], progress, mean_steps, output_cv2)
+        for (i, _, later), s in zip(pending, steps.tolist(), strict=True):
+            waits[i] = _wait_beyond_queue_s(workers[i], s + later)
     return waits
 
 

@@ -121,7 +121,8 @@ DECODE_STEP_S = 0.001258
         (7, 0, 16, None, 16 / 2),  # one of the 2 decoders must finish: 16 × 1/2 steps
         (8, 0, 16, None, 16 * (1 / 2 + 1)),  # both must finish
         (8, 8190 * 3, 16, None, 16 * (1 / 2 + 1) - 3),  # 3 of those steps are the queue's own chunks
-        (99, 0, 16, None, 16 * (1 / 2 + 1)),  # more than all: the batch's drain
+        # more than all: the drain, then 15 − 2 = 13 more finishes (ceil(99 / 7)) at 2 ÷ 16 a step
+        (99, 0, 16, None, 16 * (1 / 2 + 1) + 13 * 16 / 2),
         # a shared prefix: 6 physical blocks held, 3 a decoder, 2 net of the 1 opened per finish
         (2, 0, 16, 6, 16 / 2),
         (3, 0, 16, 6, 16 * (1 / 2 + 1)),
@@ -145,10 +146,11 @@ def test_kv_wait_with_nothing_decoding_is_one_mean_decode_lifetime(linear_step_m
 
 def test_kv_wait_is_finite_and_fast_for_any_claimed_batch(linear_step_model):
     # 10⁹ decoders of 62.5 blocks, all of which must finish: 100 × H(10⁹) steps, the harmonic number in
-    # its asymptotic form (no billion-term loop); 62.5 blocks freed and 6.25 opened per finish
+    # its asymptotic form (no billion-term loop); 62.5 blocks freed and 6.25 opened per finish, so a
+    # deficit of 56.25 × 10⁹ blocks is exactly the batch
     harmonic = math.log(10**9) + 0.5772156649015329 + 5e-10
     step_s = linear_step_model.step_s(10**9, 0.0, 10**12)
-    got = kv_wait_s(linear_step_model, 62.5e9, 10**9, 10**12, 16, 100, 0)
+    got = kv_wait_s(linear_step_model, 56.25e9, 10**9, 10**12, 16, 100, 0)
     assert got == pytest.approx(100 * harmonic * step_s, rel=1e-12)
 
 
@@ -202,6 +204,9 @@ def test_kv_wait_uses_the_progress_only_with_one_count_per_decoder(linear_step_m
     assert known == pytest.approx(-16 * math.log(0.6) * DECODE_STEP_S, rel=1e-9)
     partial = kv_wait_s(linear_step_model, 7, 2, 256, 16, 16, 0, None, (4,), 1.0)
     assert partial == pytest.approx(16 / 2 * DECODE_STEP_S, abs=1e-12)
+    # (99, 0, 16, None) with progress: both finish (2 (1 − e^(−s / 16)) = 1.6), then 13 more at 2 ÷ 16 a step
+    beyond = kv_wait_s(linear_step_model, 99, 2, 256, 16, 16, 0, None, (4, 9), 1.0)
+    assert beyond == pytest.approx((-16 * math.log(0.2) + 13 * 16 / 2) * DECODE_STEP_S, rel=1e-9)
 
 
 BATCHES = [  # (finishes, tokens produced so far): fewer decoders than groups, more, one far beyond the law

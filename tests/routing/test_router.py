@@ -509,9 +509,9 @@ def test_finished_requests_set_the_decode_length_the_features_and_the_policy_see
     seen = []
     choose = router.policy.choose
     router.policy.choose = lambda ctx: seen.append(ctx.remaining_decode_tokens) or choose(ctx)
-    # KV full (2 blocks, both held by one decoder): the 3-block request waits for memory, and the
-    # KV-wait estimate is one decoder's lifetime in decode steps, so it scales with the mean output
-    full = [make_snapshot(0, running_requests=1, decode_context_tokens=512, kv_usage=1.0, kv_capacity_blocks=2)]
+    # KV one block short (4 blocks, 2 held by one decoder): the 3-block request waits for memory, and
+    # the KV-wait estimate is one decoder's lifetime in decode steps, so it scales with the mean output
+    full = [make_snapshot(0, running_requests=1, decode_context_tokens=512, kv_usage=0.5, kv_capacity_blocks=4)]
     column = FEATURE_NAMES.index("kv_wait_estimate_s")
     before = router.route(request(1536, [1, 2, 3]), full, 0.0).features[0, column]
     scorer.on_finished(5)  # a scorer reads the estimate and changes nothing
