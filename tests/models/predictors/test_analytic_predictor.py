@@ -6,7 +6,7 @@ import pytest
 from kvcost.core.composition import TERMS
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 from kvcost.models.predictors import make_term_predictor
-from kvcost.models.predictors.analytic import nominal_column
+from kvcost.models.predictors.analytic import added_columns, nominal_column
 
 
 def rows(values: dict[str, list[float]]) -> np.ndarray:
@@ -31,6 +31,21 @@ def test_reads_its_nominal_column_exactly_and_clips_negative():
     assert make_term_predictor("analytic", "prefill").predict_many(x).tolist() == [0.015, 0.18, 0.0]
     assert make_term_predictor("analytic", "first_token").predict_many(x).tolist() == [0.002, 0.002, 0.002]
     assert make_term_predictor("analytic", "transfer").predict_many(x).tolist() == [0.0, 0.0, 0.0]  # no fetch
+
+
+def test_the_queue_adds_the_kv_wait_estimate_and_no_other_term_does():
+    x = rows(
+        {
+            "nominal_queue_s": [0.25, 0.0, -0.5],
+            "kv_wait_estimate_s": [1.5, 0.125, 0.25],
+            "nominal_prefill_s": [0.015, 0.18, 0.0],
+        }
+    )
+    assert make_term_predictor("analytic", "queue").predict_many(x).tolist() == [1.75, 0.125, 0.0]
+    assert make_term_predictor("analytic", "prefill").predict_many(x).tolist() == [0.015, 0.18, 0.0]
+    assert added_columns("queue") == [FEATURE_INDEX["kv_wait_estimate_s"]]
+    assert added_columns("queue", {"nominal_queue_s": 0}) == []  # a spec without the estimate
+    assert [added_columns(term) for term in TERMS if term != "queue"] == [[]] * (len(TERMS) - 1)
 
 
 def test_returns_a_new_array_not_a_view_of_the_input():
