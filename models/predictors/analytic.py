@@ -30,9 +30,10 @@ queue (:func:`~kvcost.features.nominal.kv_wait_s`). Why it should hold on other 
 wherever the worker has the memory for the work queued ahead and the request, so it moves nothing
 there; where memory is short, a worker admits its queue as its decoders free memory, which a count
 of prefill tokens does not see, and the estimate is read from the snapshot and the GPU's profile
-with nothing fitted. Measured (kvcost issue 13; ``docs/routing-sensitivity.md``, "The KV wait
-beyond one drain of the running batch"): ``cost_aware``'s P99 5–13 % lower where memory binds (L40S
-workers serving Llama-2-7B, on the bundled trace and ``gen:mix``), and level on the A100 rows.
+with nothing fitted. Measured for kvcost issue 13 where memory binds (L40S workers:
+``docs/routing-sensitivity.md``, "The KV wait beyond one drain of the running batch") and on the A100
+grid, three seeds (``docs/routing-unseen-workloads.md``, "The KV wait in ``cost_aware``'s queue on the
+grid").
 
 The LightGBM terms keep ``nominal_<term>_s`` alone as the prior of their residual
 (:mod:`~kvcost.models.predictors.lightgbm`): they see the estimate as a feature and learn how much of
