@@ -171,11 +171,10 @@ def kv_wait_s(
     Their finishes come at the batch's stationary rate, ``n ÷ mean`` a step (Little's law, as
     above), each freeing the same net blocks, so the wait is the drain plus ``(k − n) × mean ÷ n``
     steps: it grows with the deficit at the rate the worker's memory turns over. This is the
-    regime of a worker whose memory holds a few long prompts at a time (kvcost issue 13: an L40S
-    serving Llama-2-7B holds about four of the bundled trace's conversations; capped at the drain,
-    the estimate's mean there was 0.72 of the queue residual it estimates on that trace and 0.17 on
-    ``gen:mix``, and is 0.95 and 0.58 with the later finishes; on A100s serving Llama-3-8B, ``k``
-    stays within the batch and nothing changes). The first
+    regime of a worker whose memory holds a few long prompts at a time (an L40S serving Llama-2-7B
+    holds about four of the bundled trace's conversations; measured against the queue residual in
+    ``docs/routing-sensitivity.md``, "The KV wait beyond one drain of the running batch"); on A100s
+    serving Llama-3-8B ``k`` stays within the batch and nothing changes. The first
     ``ceil(queued_prefill_tokens / (token_budget − n))`` of those steps are the compute queue's own
     (chunked prefill, :func:`queue_and_prefill_s`), which the request waits out anyway; the wait for
     memory is the steps beyond them, each a decode-only step of the batch (``step_model.step_s``).
