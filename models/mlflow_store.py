@@ -117,6 +117,11 @@ def check_tracking_uri(uri: str) -> str:
     return uri
 
 
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI; None for any other store."""
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
 def artifact_root_for(uri: str | None) -> Path | None:
     """Artifact folder of a new experiment: ``mlartifacts/`` beside a SQLite tracking database
     (``runs/mlartifacts`` for the default store); None for any other store (a tracking server
@@ -215,7 +220,14 @@ def load_model_set(uri: str | None = None, alias: str = CHAMPION) -> TermModelSe
 
 
 def list_versions(uri: str | None = None) -> list[dict]:
-    """Every ``kvcost-terms`` version, newest first: version, aliases, run id, spec hash, key metrics."""
+    """Every ``kvcost-terms`` version, newest first: version, aliases, run id, spec hash, key metrics.
+
+    A SQLite store whose file does not exist has no versions: ``[]``, and the file is not created
+    (MLflow would create and migrate an empty database, ~8 s, as a side effect of a listing).
+    """
+    store = _sqlite_file(uri or DEFAULT_TRACKING_URI)
+    if store is not None and not store.exists():
+        return []
     client = _client(uri)
     try:
         versions = client.search_model_versions(f"name = '{REGISTERED_MODEL}'")

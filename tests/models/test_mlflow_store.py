@@ -130,3 +130,9 @@ def test_artifacts_live_beside_a_sqlite_store_and_where_a_server_says():
     assert mlflow_store.artifact_root_for(None) == Path("runs/mlartifacts")
     assert mlflow_store.artifact_root_for("sqlite:////tmp/x/mlflow.db") == Path("/tmp/x/mlartifacts")
     assert mlflow_store.artifact_root_for("http://mlflow:5000") is None
+
+
+def test_listing_a_sqlite_store_that_does_not_exist_creates_nothing(tmp_path):
+    db = tmp_path / "mlflow.db"
+    assert mlflow_store.list_versions(f"sqlite:///{db}") == []
+    assert not db.exists() and list(tmp_path.iterdir()) == []
