@@ -96,6 +96,11 @@ def _client(uri: str | None):
     return MlflowClient(_mlflow(uri).get_tracking_uri())
 
 
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI; None for any other store."""
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
 def check_tracking_uri(uri: str) -> str:
     """``uri``, unless it names a SQLite store in a folder that does not exist.
 
@@ -107,8 +112,9 @@ def check_tracking_uri(uri: str) -> str:
     Raises:
         ValueError: names the URI and the missing folder.
     """
-    if uri.startswith("sqlite:///") and uri != DEFAULT_TRACKING_URI:
-        folder = Path(uri[len("sqlite:///") :]).parent
+    store = _sqlite_file(uri)
+    if store is not None and uri != DEFAULT_TRACKING_URI:
+        folder = store.parent
         if not folder.is_dir():
             raise ValueError(
                 f"mlflow_uri = {uri!r}: the folder {str(folder)!r} does not exist, expected the folder of the "
@@ -117,19 +123,12 @@ def check_tracking_uri(uri: str) -> str:
     return uri
 
 
-def _sqlite_file(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` tracking URI; None for any other store."""
-    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
-
-
 def artifact_root_for(uri: str | None) -> Path | None:
     """Artifact folder of a new experiment: ``mlartifacts/`` beside a SQLite tracking database
     (``runs/mlartifacts`` for the default store); None for any other store (a tracking server
     or a ``file:`` store places them itself)."""
-    uri = uri or DEFAULT_TRACKING_URI
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///") :]).parent / "mlartifacts"
+    store = _sqlite_file(uri or DEFAULT_TRACKING_URI)
+    return None if store is None else store.parent / "mlartifacts"
 
 
 def _experiment_id(mlflow, artifact_root: Path | None) -> str:
