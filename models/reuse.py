@@ -380,10 +380,23 @@ def characteristic_time_s(events: pd.DataFrame) -> float:
 
     Under LRU this is Che's characteristic time (Che, Tung and Wang, IEEE JSAC 2002): about how
     long a block survives unused, a natural reuse horizon H.
+
+    Where that median is 0 (more than half of the evicted blocks went the moment they turned idle:
+    a pool so small for its load that it turns over within a step), the median measures no
+    survival time, and the **mean** idle time of the evicted blocks is returned instead: how long
+    the blocks that do survive a while last, averaged over all, which is still the pool's turnover
+    time (``gen:mix`` at a 5 % cache: median 0, mean 0.41 s, where nearly no block is kept idle
+    past 1.1 s; ``docs/eviction-study.md``, stop 46). Why it should hold on other workloads: it
+    changes nothing where the median is positive, and where it is 0 the alternative is a horizon
+    with no relation to the pool (the caller's fallback, e.g. the training part's length).
     """
     periods = idle_periods(events)
     ended = periods[np.isfinite(periods["evicted_s"])]
-    return float((ended["evicted_s"] - ended["idle_t_s"]).median()) if len(ended) else math.nan
+    if not len(ended):
+        return math.nan
+    idle_s = ended["evicted_s"] - ended["idle_t_s"]
+    median_s = float(idle_s.median())
+    return median_s if median_s > 0 else float(idle_s.mean())
 
 
 def reuse_training_frame(

@@ -193,8 +193,8 @@ def train_reuse_model(s: StudySettings, fraction: float, capacity_blocks: int, m
 
 def study_horizon_s(given_s: float | None, measured_s: float, training_s: float) -> float:
     """H of ``cost_aware``: the one given, else the training log's characteristic time, else the training
-    part's length. A characteristic time that is not > 0 (nothing evicted: NaN; a pool so small that most
-    blocks are evicted the instant they turn idle: 0, as on ``gen:mix`` at 5 %) measures no survival time."""
+    part's length. A characteristic time that is not > 0 (nothing evicted: NaN; every evicted block went the
+    instant it turned idle: 0) measures no survival time."""
     if given_s is not None:
         return given_s
     return measured_s if measured_s > 0 and math.isfinite(measured_s) else training_s

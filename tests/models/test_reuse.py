@@ -110,6 +110,14 @@ def test_idle_periods_and_characteristic_time():
     assert characteristic_time_s(EVENTS) == 14.0
 
 
+def test_the_characteristic_time_is_the_mean_where_most_evicted_blocks_never_idled():
+    # three blocks evicted the moment they turned idle, one after 6 s: median 0, mean 1.5 s
+    rows = [(0, 0.0, h, "stored", 0, 1) for h in range(4)] + [(0, 1.0, h, "idle", 0, 1) for h in range(4)]
+    rows += [(0, 1.0, h, "evicted", 0, 0) for h in range(3)] + [(0, 7.0, 3, "evicted", 0, 0)]
+    events = pd.DataFrame(rows, columns=EVENTS.columns)
+    assert characteristic_time_s(events) == 1.5
+
+
 def test_training_frame_labels_demand_within_h_and_drops_censored_samples():
     frame = reuse_training_frame(EVENTS, horizon_s=10.0, size_bytes=64.0, seed=0, samples_per_idle=1, end_s=40.0)
     # idle at 1 → demand at 5 (label 1); at 6 → demand at 30 (> 16, label 0); at 31 → none, 41 > end (dropped);
