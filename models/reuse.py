@@ -376,7 +376,8 @@ def _next_in_group(times: pd.Series, key: pd.Series) -> pd.Series:
 
 
 def characteristic_time_s(events: pd.DataFrame) -> float:
-    """Median idle time of blocks that were evicted (idle → evicted), seconds; NaN if none was.
+    """Median idle time of blocks that were evicted (idle → evicted), seconds, or their mean where that
+    median is 0 (below); NaN if none was evicted.
 
     Under LRU this is Che's characteristic time (Che, Tung and Wang, IEEE JSAC 2002): about how
     long a block survives unused, a natural reuse horizon H.
@@ -385,8 +386,8 @@ def characteristic_time_s(events: pd.DataFrame) -> float:
     a pool so small for its load that it turns over within a step), the median measures no
     survival time, and the **mean** idle time of the evicted blocks is returned instead: how long
     the blocks that do survive a while last, averaged over all, which is still the pool's turnover
-    time (``gen:mix`` at a 5 % cache: median 0, mean 0.41 s, where nearly no block is kept idle
-    past 1.1 s; ``docs/eviction-study.md``, stop 46). Why it should hold on other workloads: it
+    time (measured on ``gen:mix``'s small caches: ``docs/eviction-study.md``, "The characteristic
+    time where most evicted blocks never idled"). Why it should hold on other workloads: it
     changes nothing where the median is positive, and where it is 0 the alternative is a horizon
     with no relation to the pool (the caller's fallback, e.g. the training part's length).
     """
