@@ -225,6 +225,10 @@ class RouteDecision:
             it (KV events, or routed prefixes in approximate mode), before the prefixes of
             requests still in flight are counted (``matches`` counts those); ``()`` when
             not recorded.
+        expected_reuse_tokens: int64 ``(n_candidates,)``, ``reusable_tokens`` less the part
+            expected to be evicted before admission
+            (:func:`~kvcost.routing.promise_survival.expected_reuse_tokens`): what the work this
+            request adds to its worker's queue is counted net of. None: the same as ``reusable_tokens``.
     """
 
     request_id: int
@@ -239,3 +243,10 @@ class RouteDecision:
     calibrated: CalibratedTTFT | None = None
     plans: tuple[ReusePlan, ...] = ()
     directory_blocks: tuple[int, ...] = ()
+    expected_reuse_tokens: np.ndarray | None = None
+
+    def queued_reuse_tokens(self) -> int:
+        """The chosen worker's reuse the work this request adds to its queue is counted net of, tokens:
+        ``expected_reuse_tokens`` where given, else ``reusable_tokens``."""
+        reuse = self.reusable_tokens if self.expected_reuse_tokens is None else self.expected_reuse_tokens
+        return int(reuse[self.chosen_index])

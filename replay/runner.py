@@ -81,6 +81,7 @@ def prepare(
     out: Path | None,
     db: Path,
     count_in_flight: bool = True,
+    count_promise_survival: bool = True,
     max_share_over_mean: float = math.inf,
     **cluster,
 ) -> RunSpec:
@@ -96,7 +97,7 @@ def prepare(
         skip_bad_lines: skip malformed trace lines instead of failing.
         out: output folder (None: ``runs/<UTC timestamp>``).
         db: DuckDB log path.
-        count_in_flight, max_share_over_mean: the router's settings of the same names
+        count_in_flight, count_promise_survival, max_share_over_mean: the router's settings of the same names
             (:class:`~kvcost.routing.router.RouterSettings`), for every arm.
         **cluster: further :class:`ClusterConfig` fields (model, token_budget, seed, warmup_s ...).
 
@@ -114,7 +115,11 @@ def prepare(
     config = ClusterConfig(
         fleet=parse_fleet(fleet, 0 if fleet else workers, tuple(profile_names(cluster.get("profiles", ())))),
         slowdowns=tuple(parse_slowdown(s) for s in slowdowns),
-        router=RouterSettings(count_in_flight=count_in_flight, max_share_over_mean=max_share_over_mean),
+        router=RouterSettings(
+            count_in_flight=count_in_flight,
+            count_promise_survival=count_promise_survival,
+            max_share_over_mean=max_share_over_mean,
+        ),
         **cluster,
     )
     config.check_hardware()

@@ -106,6 +106,11 @@ class ReplaySettings(BaseModel):
         True,
         description="Cost-aware routers count prefixes they routed that are not stored yet as reusable.",
     )
+    count_promise_survival: bool = Field(
+        True,
+        description="Cost-aware routers count a queued request's work net of the reuse expected to survive "
+        "until its admission, not of its promise (needs count_in_flight).",
+    )
     max_share_over_mean: float = Field(
         math.inf,
         ge=0,

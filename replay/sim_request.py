@@ -25,6 +25,8 @@ class SimRequest:
     predicted_reuse_tokens: int
     # the part of the promise the directory reported stored (the rest was in flight); 0 with the cache off
     directory_reuse_tokens: int = 0
+    # the reuse the router expects to survive until admission (RouteDecision.queued_reuse_tokens); None = the promise
+    expected_reuse_tokens: int | None = None
     # filled in by the worker
     admitted_s: float = math.nan
     queued_until_s: float = math.nan  # admission; for a tier load, its first chunk's start − L
@@ -66,10 +68,16 @@ class SimRequest:
 
     @property
     def queued_tokens(self) -> int:
-        """Prefill tokens still to compute (the predicted reuse counts before admission)."""
+        """Prefill tokens still to compute (before admission net of :attr:`router_reuse_tokens`)."""
         if self.allocation is None:
-            return self.sequence_tokens - self.predicted_reuse_tokens
+            return self.sequence_tokens - self.router_reuse_tokens
         return self.sequence_tokens - self.computed_tokens
+
+    @property
+    def router_reuse_tokens(self) -> int:
+        """The reuse the router counts this request's queued work net of before admission: its expected
+        reuse where the router gave one, else its promise (``predicted_reuse_tokens``)."""
+        return self.predicted_reuse_tokens if self.expected_reuse_tokens is None else self.expected_reuse_tokens
 
     @property
     def served_by(self) -> str:

@@ -262,6 +262,7 @@ class ClusterSimulator:
             full_hashes,
             predicted_reuse,
             stored_reuse,
+            decision.queued_reuse_tokens() if self.config.cache_enabled else 0,
         )
         worker = self.workers[decision.worker_id]
         total_tokens = trace_request.input_tokens + trace_request.output_tokens

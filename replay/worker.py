@@ -155,7 +155,8 @@ class SimWorker:
 
         Prefill tokens of the step now running are left out of ``waiting_prefill``
         (their time is in ``step_remaining_s``, from the step's nominal time); requests not yet admitted count
-        their remaining tokens net of the reuse the router predicted for them.
+        their remaining tokens and blocks net of the reuse the router expects them to find at admission
+        (``SimRequest.router_reuse_tokens``), as a router's own accounting of what it sent would.
         """
         in_step = {id(r): n for r, n in self._chunks}  # being computed now: covered by step_remaining_s
         waiting = tuple(
@@ -164,7 +165,7 @@ class SimWorker:
             if r.queued_tokens > in_step.get(id(r), 0)
         )
         unadmitted = (*self.fetching, *self.waiting)  # routed, holding no KV yet
-        waiting += tuple((r.queued_tokens, r.predicted_reuse_tokens) for r in unadmitted)
+        waiting += tuple((r.queued_tokens, r.router_reuse_tokens) for r in unadmitted)
         waiting += tuple((r.queued_tokens, r.computed_tokens) for r in self.loading)
         return WorkerSnapshot(
             worker_id=self.worker_id,
@@ -178,8 +179,7 @@ class SimWorker:
             step_remaining_s=self._step_remaining_s(now_s),
             kv_capacity_blocks=self.pool.capacity_blocks,
             waiting_prompt_blocks=sum(
-                blocks_to_allocate(r.sequence_tokens, r.predicted_reuse_tokens, self.block_size_tokens)
-                for r in unadmitted
+                blocks_to_allocate(r.sequence_tokens, r.router_reuse_tokens, self.block_size_tokens) for r in unadmitted
             ),
             oldest_waiting_s=now_s - min(r.arrival_s for r in unadmitted) if unadmitted else 0.0,
             recent_step_nominal_s=self.last_step_nominal_s,

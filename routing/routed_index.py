@@ -15,6 +15,7 @@ Thread safety: not thread-safe; one owner (a policy instance).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -142,6 +143,7 @@ class InFlightPrefixes:
         self._counts: dict[tuple[object, int], dict[int, int]] = {}
         self._requests: dict[int, tuple[tuple[object, int], int]] = {}  # request id -> (key, last hash)
         self._expiry: list[tuple[float, int, tuple[object, int], int]] = []  # (expires_s, seq, key, last hash)
+        self._first: dict[tuple[object, int], dict[int, float]] = {}  # block hash -> latest predicted first token
         self._seq = 0
 
     def add(
@@ -151,11 +153,14 @@ class InFlightPrefixes:
         block_hashes: Sequence[int],
         expires_s: float,
         request_id: int | None = None,
+        first_token_s: float | None = None,
     ) -> None:
         """Record that request ``request_id`` with ``block_hashes`` was routed to ``worker_id``; forget it at
         ``expires_s`` (or later, if the same chain was routed there before with a later expiry). A request id
         already held is released first (ids are unique per router; a reused one names the newer request);
-        ``request_id`` None: no outcome will come, the entry leaves by its expiry only."""
+        ``request_id`` None: no outcome will come, the entry leaves by its expiry only. ``first_token_s``: when
+        the request's first token is predicted (the caller's clock), kept per block as the latest of the
+        requests holding it (:meth:`first_token_s`)."""
         if not block_hashes:
             return
         if request_id is not None and request_id in self._requests:
@@ -180,6 +185,21 @@ class InFlightPrefixes:
         else:
             entry.request_ids.add(request_id)
             self._requests[request_id] = (key, last)
+        if first_token_s is not None:
+            first = self._first.setdefault(key, {})
+            for block_hash in block_hashes:
+                if first.get(block_hash, -math.inf) < first_token_s:
+                    first[block_hash] = first_token_s
+
+    def first_token_s(self, namespace: object, worker_id: int, block_hash: int) -> float | None:
+        """The latest predicted first-token time of the in-flight requests on ``worker_id`` whose prefix holds
+        ``block_hash`` (the caller's clock), or None when none was given or the block is not in flight there.
+        A request that left keeps its time on the block while other entries hold it (the latest is kept, not
+        recomputed)."""
+        key = (namespace, worker_id)
+        if block_hash not in self._counts.get(key, {}):
+            return None
+        return self._first.get(key, {}).get(block_hash)
 
     def release(self, request_id: int, keep_until_s: float | None = None) -> bool:
         """Request ``request_id``'s first token came: it no longer counts (its entry leaves with its last
@@ -246,12 +266,15 @@ class InFlightPrefixes:
         entry = entries.pop(last)
         for request_id in entry.request_ids:
             self._requests.pop(request_id, None)
+        first = self._first.get(key, {})
         for block_hash in entry.chain:
             counts[block_hash] -= 1
             if not counts[block_hash]:
                 del counts[block_hash]
+                first.pop(block_hash, None)
         if not entries:
             del self._entries[key], self._counts[key]
+            self._first.pop(key, None)
 
 
 @dataclass(slots=True)

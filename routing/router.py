@@ -35,8 +35,10 @@ from kvcost.features.nominal import NominalCosts
 from kvcost.models.term_set import TermModelSet
 from kvcost.routing.compatibility import conversion_factor, serves
 from kvcost.routing.directory import CacheDirectory
-from kvcost.routing.policies import PolicyContext, argmin_stable, make_policy
+from kvcost.routing.policies import PolicyContext, make_policy
+from kvcost.routing.promise_survival import expected_reuse_tokens
 from kvcost.routing.routed_index import InFlightPrefixes
+from kvcost.routing.skew import keep_prefix_holders
 
 _log = logging.getLogger(__name__)
 
@@ -80,6 +82,11 @@ class RouterSettings:
             On by default: it holds on any workload where a family's requests arrive
             faster than one is served (bursts, agent loops, busy conversations), and
             costs nothing where they do not (measurements: ``docs/routing-unseen-workloads.md``).
+        count_promise_survival: with ``count_in_flight``, each decision also carries the reuse expected
+            to survive until admission (``RouteDecision.expected_reuse_tokens``,
+            :mod:`~kvcost.routing.promise_survival`), and the callers count a queued request's work net
+            of that, not of its promise. On by default: level on the A100 grid, lower where memory is
+            short (``docs/routing-unseen-workloads.md``, "Where promises die").
         in_flight_min_ttl_s: an in-flight prefix is kept at least this long (seconds, ≥ 0) besides
             :data:`IN_FLIGHT_TTL_FACTOR` predicted TTFTs. 0 in replays (the simulated engine runs
             as its profile predicts); the service sets it (``ServiceSettings.in_flight_min_ttl_s``)
@@ -107,6 +114,7 @@ class RouterSettings:
     tiers: bool = False
     transfers: bool = False
     count_in_flight: bool = True
+    count_promise_survival: bool = True
     in_flight_min_ttl_s: float = 0.0
     in_flight_release_grace_s: float = 0.0
     overdue_bounds_are_misses: bool = True
@@ -155,44 +163,6 @@ def _fetch_reason(plan: ReusePlan, ctx: PolicyContext, local_s: float, index: in
         f"fetch {plan.fetch_blocks} blocks from {source}{conversion}: "
         f"{score * 1e3:.1f} ms vs {local_s * 1e3:.1f} ms with its own tiers"
     )
-
-
-def keep_prefix_holders(
-    allowed: np.ndarray, matched_blocks: np.ndarray, queue_s: np.ndarray, score_s: np.ndarray
-) -> np.ndarray:
-    """The skew limit's ``allowed`` mask with the request's prefix holders put back where they queue no longer.
-
-    The skew limit exists to keep a hot worker from queueing: it spreads load by
-    excluding workers over their share of recently routed tokens. Where the
-    worker holding the request's prefix has an empty predicted queue, or one no
-    longer than the best allowed alternative's, excluding it prevents no
-    queueing at all: it only adds prefill (the prefix is recomputed elsewhere)
-    and scatters the conversation's or family's KV over several workers, which
-    lowers every later hit. That holds on any workload, since it compares the
-    queue terms the router already predicted. kvcost issue 13: 8 conversations
-    × 10 turns at ~1 % utilisation on 4 workers, ``cost_aware`` moved 5 of 72
-    turns off the conversation's worker, twice to a worker predicted at 1.08 s
-    and 1.19 s over the holder at 0.137 s and 0.135 s.
-
-    Args:
-        allowed: bool ``(n,)``, the share rule's verdict, at least one True.
-        matched_blocks: int ``(n,)`` directory-matched prefix blocks per candidate.
-        queue_s: predicted queue term per candidate, seconds ``(n,)``.
-        score_s: the score the cost-aware policies rank by (lower is better), seconds ``(n,)``.
-
-    Returns:
-        bool ``(n,)``: ``allowed``, plus every excluded candidate with the longest
-        match (> 0 blocks) whose ``queue_s`` is ≤ 0 or ≤ that of the best-scored
-        allowed candidate (lowest index on ties). A holder whose queue is longer
-        stays excluded: there the limit still protects the hot worker.
-    """
-    longest = matched_blocks.max()
-    if longest <= 0:
-        return allowed
-    alternative = argmin_stable(score_s, allowed)
-    holders = (matched_blocks == longest) & ~allowed
-    no_longer = (queue_s <= 0.0) | (queue_s <= queue_s[alternative])
-    return allowed | (holders & no_longer)
 
 
 def _with_in_flight(match: DirectoryMatch, in_flight_blocks: int) -> DirectoryMatch:
@@ -327,6 +297,7 @@ class Router:
             calibrated=calibrated,
             remaining_decode_tokens=self.decode_lengths.remaining_tokens,
         )
+        expected = self._expected_reuse(request, snapshots, namespaces, matches, in_flight, ctx)
         index, reason = self.policy.choose(ctx)
         if plans and plans[index].option == "fetch":
             reason += "; " + _fetch_reason(plans[index], ctx, local_score[index], index)
@@ -339,7 +310,8 @@ class Router:
             if ttl_s is None:
                 ttl_s = max(self.settings.in_flight_min_ttl_s, IN_FLIGHT_TTL_FACTOR * float(predictions.ttft_s[index]))
             namespace, worker_id = namespaces[index], worker_ids[index]
-            self.in_flight.add(namespace, worker_id, request.block_hashes, now_s + ttl_s, request.request_id)
+            first_s = now_s + float(predictions.ttft_s[index])
+            self.in_flight.add(namespace, worker_id, request.block_hashes, now_s + ttl_s, request.request_id, first_s)
         return RouteDecision(
             request_id=request.request_id,
             worker_id=worker_ids[index],
@@ -353,7 +325,24 @@ class Router:
             calibrated=calibrated,
             plans=plans,
             directory_blocks=directory_blocks,
+            expected_reuse_tokens=expected,
         )
+
+    def _expected_reuse(self, request, snapshots, namespaces, matches, in_flight, ctx) -> np.ndarray | None:
+        """:func:`~kvcost.routing.promise_survival.expected_reuse_tokens` per candidate, or None where the
+        router does not count in-flight prefixes or ``count_promise_survival`` is off."""
+        if self.in_flight is None or not self.settings.count_promise_survival:
+            return None
+        firsts = [
+            self.in_flight.first_token_s(ns, m.worker_id, request.block_hashes[b - 1]) if b else None
+            for ns, m, b in zip(namespaces, matches, in_flight, strict=True)
+        ]
+        promised = [m.reusable_blocks for m in matches]
+        law = (self.decode_lengths.mean_tokens, self.decode_lengths.squared_cv)
+        return expected_reuse_tokens(
+            request, snapshots, ctx.reusable_tokens, promised, in_flight, firsts, ctx.features,
+            ctx.predictions.queue_s, self.step_models, law, ctx.now_s,
+        )  # fmt: skip
 
     def on_outcome(self, request_id: int, ttft_s: float, now_s: float) -> None:
         """A routed request's first token came ``ttft_s`` seconds after its arrival: update the policy

@@ -491,6 +491,7 @@ def score_fields(
     calibrated = decision.calibrated
     p50 = calibrated.p50_s if calibrated is not None else ttft
     p90 = calibrated.p90_s if calibrated is not None else np.full_like(ttft, np.nan)
+    expected = decision.reusable_tokens if decision.expected_reuse_tokens is None else decision.expected_reuse_tokens
     candidates = [
         CandidateScore(
             worker_id=worker_id,
@@ -506,6 +507,7 @@ def score_fields(
             p90_s=_finite_or_none(p90[i]),
             score_s=float(ttft[i]),
             reusable_tokens=int(decision.reusable_tokens[i]),
+            expected_reuse_tokens=int(expected[i]),
             reusable_blocks=decision.matches[i].reusable_blocks,
             tier=decision.matches[i].tier,
             directory_age_s=_finite_or_none(decision.matches[i].age_s),

@@ -284,6 +284,10 @@ class CandidateScore(BaseModel):
     p90_s: float | None = Field(description="conformal 90 % upper bound; null without calibration")
     score_s: float
     reusable_tokens: int
+    expected_reuse_tokens: int = Field(
+        description="reusable_tokens less the part expected to be evicted before the request is admitted "
+        "(where the worker's memory is short); the work the request adds to the queue is counted net of it"
+    )
     reusable_blocks: int
     tier: str = Field(description="tier of the deepest matched block: none, gpu, cpu, disk, remote")
     directory_age_s: float | None = Field(description="time since the worker's last KV event; null if never")

@@ -478,4 +478,6 @@ def engine_cached_tokens(blocks: int, block_size_tokens: int, input_tokens: int)
 
 
 def _reusable(decision: RouteDecision, input_tokens: int) -> int:
-    return min(input_tokens, int(decision.reusable_tokens[decision.chosen_index]))
+    """The reuse the gateway counts the request's queued work net of: what the router expects to survive
+    until admission (``RouteDecision.queued_reuse_tokens``), at most the prompt."""
+    return min(input_tokens, decision.queued_reuse_tokens())

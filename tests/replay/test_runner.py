@@ -157,6 +157,12 @@ def test_parse_rate_scales_names_the_bad_entry(text, message):
 
 def test_router_options_reach_every_arm(tmp_path):
     assert _prepare(tmp_path).config.router == RouterSettings()  # in-flight prefixes on, skew limit off
-    spec = _prepare(tmp_path, count_in_flight=False, max_share_over_mean=1.0)
+    spec = _prepare(tmp_path, count_in_flight=False, count_promise_survival=False, max_share_over_mean=1.0)
     arm = configure(spec.config, experiment_arms()[2])
-    assert (arm.router.policy, arm.router.count_in_flight, arm.router.max_share_over_mean) == ("cost_aware", False, 1.0)
+    router = arm.router
+    assert (router.policy, router.count_in_flight, router.count_promise_survival, router.max_share_over_mean) == (
+        "cost_aware",
+        False,
+        False,
+        1.0,
+    )

@@ -507,3 +507,13 @@ def test_snapshot_reports_each_decoders_output_so_far():
         end = worker.start_step(end)
         worker.finish_step(end)
     assert sorted(worker.snapshot(end).running_output_tokens) == [2, 3]
+
+
+def test_snapshot_counts_queued_work_net_of_the_expected_reuse_where_the_router_gave_one():
+    """Promised 20 tokens (2 blocks of 10), expected to keep 10: the queue and the blocks count 35 and 4."""
+    worker = make_worker()
+    r = SimRequest(0, 0.0, 45, 1, (1, 2, 3, 4, 5), 20, expected_reuse_tokens=10)
+    worker.enqueue(r)
+    snap = worker.snapshot(0.0)
+    assert snap.waiting_prefill == ((35, 10),) and snap.waiting_prompt_blocks == 4
+    assert worker.queued_prefill_tokens == 35 and r.predicted_reuse_tokens == 20  # the promise stays for the log

@@ -21,7 +21,6 @@ from kvcost.routing.router import (
     Router,
     RouterSettings,
     compatible_candidates,
-    keep_prefix_holders,
     outstanding_tokens,
 )
 
@@ -239,28 +238,6 @@ def test_skew_limit_still_excludes_a_prefix_holder_that_queues_longer(make_route
     assert decisions[1].reason == (
         "min predicted TTFT 250.0 ms, reuse 0 tokens; best-hit worker 0 not chosen (skew limit)"
     )
-
-
-@pytest.mark.parametrize(
-    ("allowed", "blocks", "queue_s", "expected"),
-    [
-        # holder 0 excluded, empty queue: put back
-        ([False, True, True], [4, 0, 0], [0.0, 0.1, 0.1], [True, True, True]),
-        # queue equal to the best alternative's (1, by score): put back
-        ([False, True, True], [4, 0, 0], [0.1, 0.1, 0.0], [True, True, True]),
-        # shorter than the best alternative's (1, by score), though 2 has none: put back
-        ([False, True, True], [4, 0, 0], [0.2, 0.3, 0.0], [True, True, True]),
-        # longer than the best alternative's (1, by score), though shorter than 2's: stays out
-        ([False, True, True], [4, 0, 0], [0.2, 0.1, 0.3], [False, True, True]),
-        # only the longest match counts; no match at all changes nothing
-        ([False, False, True], [4, 2, 0], [0.0, 0.0, 0.1], [True, False, True]),
-        ([False, True, True], [0, 0, 0], [0.0, 0.1, 0.1], [False, True, True]),
-    ],
-)
-def test_keep_prefix_holders(allowed, blocks, queue_s, expected):
-    score_s = np.array([0.0, 0.5, 0.6])  # candidate 1 is the best-scored allowed alternative where allowed
-    kept = keep_prefix_holders(np.array(allowed), np.array(blocks), np.array(queue_s), score_s)
-    assert kept.tolist() == expected
 
 
 @pytest.mark.parametrize(
@@ -530,3 +507,34 @@ def test_finished_requests_set_the_decode_length_the_features_and_the_policy_see
     expected = finish_steps(1, [3], lengths.mean_tokens, lengths.squared_cv) / lengths.mean_tokens
     assert known / after == pytest.approx(expected, rel=1e-9)
     assert lengths.squared_cv != pytest.approx(1.0)  # a spread of its own, not the exponential's
+
+
+def test_a_promise_on_a_worker_short_of_memory_is_expected_to_be_partly_evicted(make_router, make_snapshot):
+    """Worker 0 holds blocks 1..16 with 80 of its 100 blocks held by running requests and 40 queued: the
+    request (17 blocks, 1 new) meets a deficit of 41 − 20 = 21 blocks, so 16 × 21/80 = 4.2 → 4 blocks of its
+    promise are expected lost; without the pressure, or with ``count_promise_survival`` off, none."""
+    pressed = make_snapshot(0, kv_capacity_blocks=100, kv_usage=0.8, waiting_prompt_blocks=40)
+    idle = make_snapshot(0, kv_capacity_blocks=100)
+    other = make_snapshot(1, kv_capacity_blocks=100)
+    decision = make_router(hot_directory()).route(request(8704, range(1, 18)), [pressed, other], 0.0)
+    assert decision.reusable_tokens.tolist() == [8192, 0]
+    assert decision.expected_reuse_tokens.tolist() == [8192 - 4 * 512, 0]
+    assert decision.queued_reuse_tokens() == [8192 - 4 * 512, 0][decision.chosen_index]
+    decision = make_router(hot_directory()).route(request(8704, range(1, 18)), [idle, other], 0.0)
+    assert decision.expected_reuse_tokens.tolist() == [8192, 0]
+    off = make_router(hot_directory(), count_promise_survival=False)
+    decision = off.route(request(8704, range(1, 18)), [pressed, other], 0.0)
+    assert decision.expected_reuse_tokens is None
+    assert decision.queued_reuse_tokens() == [8192, 0][decision.chosen_index]
+
+
+def test_an_in_flight_prefix_keeps_its_requests_predicted_first_token(make_router, make_snapshot):
+    """Per block, the latest predicted first token of the in-flight requests holding it."""
+    router = make_router()
+    router.cost_model = FixedCostModel(queue_s=[0.0, 0.5], prefill_s=[0.1, 0.1])
+    router.route(request(1536, [1, 2, 3]), [make_snapshot(0), make_snapshot(1)], 1.0)
+    assert router.in_flight.first_token_s(NS, 0, 3) == pytest.approx(1.1)
+    queued = make_snapshot(0, waiting_prefill=((1536, 0),))
+    router.route(request(2560, [1, 2, 3, 4, 5], 1), [queued, make_snapshot(1)], 1.05)
+    assert [router.in_flight.first_token_s(NS, 0, b) for b in (3, 5)] == pytest.approx([1.15, 1.15])
+    assert router.in_flight.first_token_s(NS, 1, 3) is None
