@@ -191,6 +191,11 @@ class InFlightPrefixes:
                 if first.get(block_hash, -math.inf) < first_token_s:
                     first[block_hash] = first_token_s
 
+    def holders(self, namespace: object, worker_id: int, block_hash: int) -> int:
+        """In-flight chains on ``worker_id`` whose prefix holds ``block_hash`` (0 if none): each is a request
+        queued there that will reference the block when admitted (identical chains count once)."""
+        return self._counts.get((namespace, worker_id), {}).get(block_hash, 0)
+
     def first_token_s(self, namespace: object, worker_id: int, block_hash: int) -> float | None:
         """The latest predicted first-token time of the in-flight requests on ``worker_id`` whose prefix holds
         ``block_hash`` (the caller's clock), or None when none was given or the block is not in flight there.

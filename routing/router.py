@@ -333,14 +333,16 @@ class Router:
         router does not count in-flight prefixes or ``count_promise_survival`` is off."""
         if self.in_flight is None or not self.settings.count_promise_survival:
             return None
-        firsts = [
-            self.in_flight.first_token_s(ns, m.worker_id, request.block_hashes[b - 1]) if b else None
-            for ns, m, b in zip(namespaces, matches, in_flight, strict=True)
+        index = self.in_flight
+        deepest = [request.block_hashes[b - 1] if b else None for b in in_flight]  # deepest in-flight block
+        siblings = [
+            (index.first_token_s(ns, m.worker_id, h), index.holders(ns, m.worker_id, h)) if h is not None else (None, 0)
+            for ns, m, h in zip(namespaces, matches, deepest, strict=True)
         ]
         promised = [m.reusable_blocks for m in matches]
         law = (self.decode_lengths.mean_tokens, self.decode_lengths.squared_cv)
         return expected_reuse_tokens(
-            request, snapshots, ctx.reusable_tokens, promised, in_flight, firsts, ctx.features,
+            request, snapshots, ctx.reusable_tokens, promised, in_flight, siblings, ctx.features,
             ctx.predictions.queue_s, self.step_models, law, ctx.now_s,
         )  # fmt: skip
 

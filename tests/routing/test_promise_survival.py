@@ -63,24 +63,26 @@ def features_with(deficit, available):
 def test_expected_reuse_tokens_takes_off_the_blocks_expected_lost(make_snapshot, linear_step_model):
     """Worker 0 holds 16 blocks in a deficit of 21 with 80 blocks held: 16 × (1 − 21/80) = 11.8 blocks kept,
     4 lost (rounded) = 2,048 tokens; worker 1 has the same promise without a deficit and keeps it all; worker 2
-    has 3 blocks in flight whose sibling's first token is 2 s before this request's admission."""
+    has 3 blocks in flight whose sibling's first token is 2 s before this request's admission; worker 3 the
+    same, with two in-flight chains holding the block, so both must be done first."""
     request = RouteRequest(0, 10.0, 8704, tuple(range(1, 18)), NS)
-    snapshots = [make_snapshot(i, kv_capacity_blocks=100) for i in range(3)]
-    law = (20.0, 1.0)
-    step_s = linear_step_model.step_s(1, 0.0, 8704)  # decode step with the request in the batch
+    snapshots = [make_snapshot(i, kv_capacity_blocks=100) for i in range(4)]
+    law = (400.0, 1.0)
+    step_s = linear_step_model.step_s(1, 0.0, 8704)  # decode step with the request in the batch: 0.009705 s
     done = sibling_done_probability(2.0, step_s, *law)
+    assert done == pytest.approx(1 - math.exp(-2.0 / step_s / 400.0), rel=1e-12)  # 0.4026
     expected = expected_reuse_tokens(
         request,
         snapshots,
-        reusable_tokens=np.array([8192, 8192, 1536]),
-        promised_blocks=[16, 16, 3],
-        in_flight_blocks=[0, 0, 3],
-        sibling_first_token_s=[None, None, 9.0],
-        features=features_with([21, 0, 21], [20, 20, 20]),
-        queue_s=np.array([0.5, 0.5, 1.0]),
+        reusable_tokens=np.array([8192, 8192, 1536, 1536]),
+        promised_blocks=[16, 16, 3, 3],
+        in_flight_blocks=[0, 0, 3, 3],
+        siblings=[(None, 0), (None, 0), (9.0, 1), (9.0, 2)],
+        features=features_with([21, 0, 21, 21], [20, 20, 20, 20]),
+        queue_s=np.array([0.5, 0.5, 1.0, 1.0]),
         step_models={"linear-gpu": linear_step_model},
         output_law=law,
         now_s=10.0,
     )
-    assert expected.tolist() == [8192 - 4 * 512, 8192, 1536 - round(3 * done) * 512]
-    assert round(3 * done) == 3  # 2 s is about 555 steps of a 20-token mean: the sibling is surely done
+    # 3 × 0.4026 = 1.21 → 1 block lost; 3 × 0.4026² = 0.49 → none
+    assert expected.tolist() == [8192 - 4 * 512, 8192, 1536 - 512, 1536]

@@ -105,6 +105,7 @@ def test_in_flight_first_token_is_the_latest_per_block_and_leaves_with_the_last_
     index.add("ns", 0, [1, 3], expires_s=9.0, request_id=2, first_token_s=3.0)
     index.add("ns", 0, [4], expires_s=9.0, request_id=3)  # no time given
     assert [index.first_token_s("ns", 0, b) for b in (1, 2, 3, 4)] == [5.0, 5.0, 3.0, None]
+    assert [index.holders("ns", 0, b) for b in (1, 2, 3, 4, 5)] == [2, 1, 1, 1, 0]
     assert index.first_token_s("ns", 1, 1) is None and index.first_token_s("other", 0, 1) is None
     assert index.release(1)  # [1, 2] leaves: block 2 with it; block 1 keeps the latest time it had
     assert [index.first_token_s("ns", 0, b) for b in (1, 2, 3)] == [5.0, None, 3.0]
