@@ -21,10 +21,8 @@ replays' logs classed by what the router knew at the decision):
   never lost). LRU frees it when that request ends, and the requests queued ahead, which allocate
   first, take it if they still lack blocks. With the finishing order of the running requests
   exchangeable, the others free the deficit first with probability ``1 − deficit ÷ held``, where
-  ``held`` is the blocks running requests hold: the survival of that part. Calibration on the
-  bundled trace at 4 A100s, 95 % (seed 0): predicted 0.52 / 0.70 / 0.90 against kept 0.41 / 0.51 /
-  0.94 by bin, 1.74 M tokens expected lost against 2.20 M; on an L40S × Llama-2-7B ``gen:mix`` row,
-  0.23 M against 0.21 M.
+  ``held`` is the blocks running requests hold: the survival of that part (its calibration on two
+  GPU types is in the docs).
 * **The in-flight part** is stored by a sibling queued ahead and held while it runs. It was never
   lost where that sibling was still running when the request was admitted, and 76–89 % lost
   where it had finished (three workloads, two GPU types). So its loss is P(the sibling finishes
@@ -33,9 +31,9 @@ replays' logs classed by what the router knew at the decision):
   the router's online estimate of the output law (a gamma of the observed mean and squared
   coefficient of variation, as in the KV-wait feature). Where several queued requests carry the
   block (a shared system prompt in a burst), every one of them must be done first: the
-  probability to the power of their number (taken as independent). Without that power the P99 of
-  ``gen:mix`` at 4 A100s, rate 2 rose from 75.8 to 91.6 s; with it, 74.8 s. The in-flight estimate
-  stays pessimistic there (1.06 M tokens expected lost against 0.13 M lost, seed 0).
+  probability to the power of their number (taken as independent; without it, a burst of one
+  family read as lost prefixes everywhere). Where a shared prefix stays held by other running
+  requests the estimate is pessimistic; the docs give how much.
 
 Why it should hold on other workloads: nothing in it is fitted. The deficit, the held blocks, the
 queue, the step time and the output law come from each snapshot, the cost model and the router's
