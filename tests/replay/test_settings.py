@@ -29,6 +29,7 @@ def test_prepare_arguments_are_the_runner_keywords():
         "jitter_sigma": 0.05,
         "eviction_policy": "lru",
         "count_in_flight": True,
+        "count_promise_survival": True,
         "max_share_over_mean": math.inf,
         "skip_bad_lines": False,
         "out": None,
