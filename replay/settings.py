@@ -109,7 +109,7 @@ class ReplaySettings(BaseModel):
     count_promise_survival: bool = Field(
         True,
         description="Cost-aware routers count a queued request's work net of the reuse expected to survive "
-        "until its admission, not of its promise (needs count_in_flight).",
+        "until its admission, not of its promise (with --count-in-flight; nothing without it).",
     )
     max_share_over_mean: float = Field(
         math.inf,
