@@ -324,8 +324,19 @@ def _setup_lines(
         f"directory lag {c.directory_lag_s:g} s; token hit ratio bound with an infinite shared cache "
         f"{hit_ratio_bound:.1%}",
         f"ground truth beyond the router's model: per-step log-normal jitter σ={c.jitter_sigma:g}; stragglers: {slow}",
+        _router_line(c.router),
         f"seed {c.seed}; DuckDB log `{spec.db}`; {measured}",
     ]
+
+
+def _router_line(router: RouterSettings) -> str:
+    """The set-up line of the router's toggles (``kvcost replay --no-count-in-flight`` and the like)."""
+    skew = "off" if math.isinf(router.max_share_over_mean) else f"{router.max_share_over_mean:g} over the mean share"
+    return (
+        f"router (cost-aware arms): in-flight prefixes counted: {'yes' if router.count_in_flight else 'no'}; "
+        f"queued work net of the reuse expected to survive: {'yes' if router.count_promise_survival else 'no'}; "
+        f"hot-spot skew limit: {skew}"
+    )
 
 
 def bench_policies(requested: Sequence[str] | None) -> list[str]:

@@ -46,7 +46,20 @@ def test_cluster_options_reach_the_simulation(tmp_path):
     assert _summary(tmp_path, "model", "--model", "llama-2-7b") != base
     tiny = _summary(tmp_path, "kv", "--kv-capacity-blocks", "60")
     assert tiny["rejected"] > 0  # requests longer than 60 × 512 tokens can never be admitted
-    assert (tmp_path / "kv" / "report.md").exists()
+    assert (
+        "in-flight prefixes counted: yes; queued work net of the reuse expected to survive: yes; hot-spot skew "
+        "limit: off" in (tmp_path / "kv" / "report.md").read_text()
+    )
+
+
+def test_the_reports_set_up_names_the_routers_toggles(tmp_path):
+    off = ["--no-count-in-flight", "--no-count-promise-survival", "--max-share-over-mean", "0.5"]
+    _summary(tmp_path, "off", *off)
+    report = (tmp_path / "off" / "report.md").read_text()
+    assert (
+        "- router (cost-aware arms): in-flight prefixes counted: no; queued work net of the reuse expected to "
+        "survive: no; hot-spot skew limit: 0.5 over the mean share\n" in report
+    )
 
 
 def test_the_workers_evict_by_the_asked_policy(tmp_path):
