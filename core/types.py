@@ -245,8 +245,11 @@ class RouteDecision:
     directory_blocks: tuple[int, ...] = ()
     expected_reuse_tokens: np.ndarray | None = None
 
+    def queued_reuse(self) -> np.ndarray:
+        """Per candidate, the reuse the work this request would add to its queue is counted net of, tokens
+        ``(n_candidates,)``: ``expected_reuse_tokens`` where given, else ``reusable_tokens``."""
+        return self.reusable_tokens if self.expected_reuse_tokens is None else self.expected_reuse_tokens
+
     def queued_reuse_tokens(self) -> int:
-        """The chosen worker's reuse the work this request adds to its queue is counted net of, tokens:
-        ``expected_reuse_tokens`` where given, else ``reusable_tokens``."""
-        reuse = self.reusable_tokens if self.expected_reuse_tokens is None else self.expected_reuse_tokens
-        return int(reuse[self.chosen_index])
+        """:meth:`queued_reuse` of the chosen worker, tokens."""
+        return int(self.queued_reuse()[self.chosen_index])

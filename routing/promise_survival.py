@@ -163,7 +163,7 @@ def expected_reuse_tokens(
         queue_s: ``(n,)`` predicted queue terms, seconds.
         step_models: step-time model per GPU type.
         output_law: ``(mean output tokens, squared coefficient of variation)`` of the output lengths.
-        now_s: decision time, the clock of ``sibling_first_token_s``.
+        now_s: decision time, the clock of the siblings' first tokens.
 
     Raises:
         KeyError: a candidate with a deficit has a GPU type without a step model.

@@ -491,7 +491,7 @@ def score_fields(
     calibrated = decision.calibrated
     p50 = calibrated.p50_s if calibrated is not None else ttft
     p90 = calibrated.p90_s if calibrated is not None else np.full_like(ttft, np.nan)
-    expected = decision.reusable_tokens if decision.expected_reuse_tokens is None else decision.expected_reuse_tokens
+    expected = decision.queued_reuse()
     candidates = [
         CandidateScore(
             worker_id=worker_id,
