@@ -32,8 +32,9 @@ from kvcost.serving.gateway.engine_http import engine_client
 from kvcost.serving.gateway.tokenize import EngineTokenizer, LocalTokenizer
 from kvcost.serving.settings import ServiceSettings
 from tests.e2e.engines import VLLMEngine, free_port, start_all
+from tests.e2e.kvcost_serve import KvcostServe
 from tests.e2e.null_engine import NullEngine
-from tests.e2e.test_gateway_vllm import ENGINE_VENV, ROOT, KvcostServe
+from tests.e2e.test_gateway_vllm import ENGINE_VENV, ROOT
 from tests.e2e.traffic import Spec, block_text, block_tokens, send
 
 

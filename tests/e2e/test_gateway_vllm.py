@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvcost.data.segments import connect_segments
 from tests.e2e.drop_proxy import DropProxy
 from tests.e2e.engines import VLLMEngine, build_tiny_model, free_port, start_all
+from tests.e2e.kvcost_serve import KvcostServe, await_scrapes, print_gateway_stalls, print_resets, stored_blocks
 from tests.e2e.traffic import (
     CLIENT_TIMEOUT_S,
     Result,
@@ -88,59 +86,6 @@ def phase(name: str) -> Iterator[None]:
     finally:
         PHASES[name] = time.perf_counter() - start
         print(f"[e2e] {name}: {PHASES[name]:.1f} s", flush=True)
-
-
-class KvcostServe:
-    """``kvcost serve`` as a process (the real CLI), stopped with SIGINT as a user would."""
-
-    def __init__(self, args: list[str], workdir: Path, roll_interval_s: float = 1.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.db = workdir / "log.duckdb"
-        self.log = workdir / "serve.log"
-        self.args = ["--host", "127.0.0.1", "--port", str(self.port), "--db", str(self.db), *args]
-        self.process: subprocess.Popen | None = None
-        self.roll_interval_s = roll_interval_s  # segments roll this often (the tests read them; default 60 s)
-
-    def start(self, timeout_s: float = 120.0) -> None:
-        env = {
-            **os.environ,
-            "KVCOST_SEGMENT_ROLL_INTERVAL_S": str(self.roll_interval_s),
-            "KVCOST_SCRAPE_TIMEOUT_S": "2",
-        }
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "kvcost"), "serve", *self.args],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            )  # fmt: skip
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"kvcost serve exited:\n{self.log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"kvcost serve not ready:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-    def metrics(self) -> str:
-        return httpx.get(f"{self.url}/metrics", timeout=5).text
-
-    def requests(self, where: str = "true") -> list[dict]:
-        """The gateway's ``requests`` rows read from its closed segments (the log itself is locked)."""
-        time.sleep(2.5)  # segments roll every second
-        con = connect_segments(self.db.parent / f"{self.db.stem}-segments")
-        frame = con.execute(f"SELECT * FROM requests WHERE {where}").fetch_df()
-        return frame.to_dict("records")
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +238,7 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
     reset = [r for r in results if r.resets]
     evicted = {w: metric(text, "kvcost_kv_blocks_total", op="removed", worker=str(w)) for w in urls}
     rows = exact.requests("outcome = 'ok'")
-    _print_resets(exact, reset)
+    print_resets(exact, reset)
     counts = agreement(rows)
     waiting = waited_share(rows, list(urls))
     chats, salted = sum(s.kind == "chat" for s in all_specs), sum(s.salted for s in all_specs)
@@ -305,7 +250,7 @@ def test_exact_mode_hits_agree_with_the_engines_under_load_with_a_dropped_batch_
     share = counts["equal"] / max(1, len(rows))
     print(f"[e2e] hit agreement {counts['equal']}/{len(rows)} = {share:.2%}; {counts}")
     _print_disagreements(rows)
-    _print_gateway_stalls(exact, urls)
+    print_gateway_stalls(exact, urls)
     assert len(failed) == 0, _brief(failed)  # len: pytest's diff of a list of results floods CI's tail
     assert len(reset) <= 0.01 * len(results), f"{len(reset)} connections reset before the answer's head"
     assert "Exception in ASGI application" not in exact.log.read_text()
@@ -337,33 +282,6 @@ def _brief(results: list[Result]) -> list[tuple]:
     return [(r.spec.index, r.status, r.worker, r.done, (r.error or "")[:300]) for r in results]
 
 
-def _print_gateway_stalls(serve: KvcostServe, urls: dict[int, str]) -> None:
-    """How often the gateway's event loop woke late (a stall every request shared) and why, by the service's
-    warnings (serving.metrics.stall_cause), the requests it sent again on a new connection because an
-    engine closed a pooled one under them (gateway.engine_http.post), and the client connections it closed
-    because a request's head or body came too late (serving.http_protocol: the client's own stall)."""
-    text = serve.metrics()
-    wakes = metric(text, "kvcost_event_loop_lag_seconds_count")
-    late = [wakes - metric(text, "kvcost_event_loop_lag_seconds_bucket", le=le) for le in ("0.5", "1.0", "2.5")]
-    lines = serve.log.read_text().splitlines()
-    causes = Counter(line.rpartition(": ")[2] for line in lines if "loop stalled" in line)
-    timed_out = Counter(line.rpartition(": ")[2] for line in lines if "closed a connection from" in line)
-    retries = {w: metric(text, "kvcost_gateway_connection_retries_total", worker=str(w)) for w in urls}
-    print(f"[e2e] gateway event loop late by more than 0.5/1/2.5 s: {late} times (of {wakes:.0f}, since start); "
-          f"stalls ≥ 1 s by cause {dict(causes)}; sent again on a new connection: {retries}; client connections "
-          f"closed for a read timeout: {dict(timed_out)}")  # fmt: skip
-
-
-def _print_resets(serve: KvcostServe, reset: list[Result], id_prefix: str = "e2e") -> None:
-    """What the gateway logged of each request whose connection was reset before the answer's head."""
-    for r in reset[:5]:
-        client_id = f"{id_prefix}-{r.spec.index}"
-        logged = serve.requests(f"client_request_id = '{client_id}'")
-        lines = [line for line in serve.log.read_text().splitlines() if client_id in line]
-        print(f"[e2e] reset: request {r.spec.index}: {r.resets}; gateway rows {[x['outcome'] for x in logged]}")
-        print("\n".join(f"[e2e]   log: {line[:300]}" for line in lines[:5]))
-
-
 def _one(url: str, body: dict, request_id: str) -> Result:
     async def go():
         async with httpx.AsyncClient(timeout=60) as client:
@@ -372,44 +290,15 @@ def _one(url: str, body: dict, request_id: str) -> Result:
     return asyncio.run(go())
 
 
-def _await_scrapes(serve: KvcostServe, workers: int, rounds: int, timeout_s: float = 30.0) -> None:
-    """Wait until every worker ``0 … workers − 1`` has ``rounds`` more successful scrapes than now
-    (``kvcost_engine_scrapes_total{result="ok"}``); two rounds hold one begun after this call."""
-
-    def ok_counts() -> list[float]:
-        text = serve.metrics()
-        return [metric(text, "kvcost_engine_scrapes_total", worker=str(w), result="ok") for w in range(workers)]
-
-    before = ok_counts()
-    deadline = time.monotonic() + timeout_s
-    while any(now < then + rounds for now, then in zip(ok_counts(), before, strict=True)):
-        assert time.monotonic() < deadline, f"no {rounds} scrapes of every engine within {timeout_s} s"
-        time.sleep(0.1)
-
-
-def _stored_blocks(serve: KvcostServe, settle_s: float = 0.3, timeout_s: float = 10.0) -> float:
-    """Blocks the gateway's directory has ingested (``kvcost_kv_blocks_total{op="stored"}``, all workers),
-    read once two reads ``settle_s`` apart agree (the KV event stream has caught up), or after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    before = metric(serve.metrics(), "kvcost_kv_blocks_total", op="stored")
-    while time.monotonic() < deadline:
-        time.sleep(settle_s)
-        now = metric(serve.metrics(), "kvcost_kv_blocks_total", op="stored")
-        if now == before:
-            return now
-        before = now
-    return before
-
-
 def test_salted_prompts_hit_and_only_their_own_salt(exact):
     prompt = [(7 * i) % 3000 + 16 for i in range(32 * 6)]
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "stream": True, "cache_salt": "tenantB",
             "stream_options": {"include_usage": True}}  # fmt: skip
     # The directory's match is asked of the second request, not the race of the first one's KV events
     # (one CI run sent it while the gateway was still ingesting the main run's events: directory 0, engine 160).
-    stored = _stored_blocks(exact)
+    stored = stored_blocks(exact)
     first = _one(exact.url, body, "salt-1")
-    assert _stored_blocks(exact) >= stored + 6, "the first request's 6 prompt blocks never reached the directory"
+    assert stored_blocks(exact) >= stored + 6, "the first request's 6 prompt blocks never reached the directory"
     second = _one(exact.url, body, "salt-2")
     other = _one(exact.url, {**body, "cache_salt": "tenantC"}, "salt-3")
     rows = {r["client_request_id"]: r for r in exact.requests("client_request_id LIKE 'salt-%'")}
@@ -579,8 +468,8 @@ def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_bac
     print(f"[e2e] worker 0 held {held[1]['reusable_tokens']} tokens of the probe before the kill; while down: "
           f"{down['reusable_tokens']} (stale {down['directory_stale']}); back: {back['reusable_tokens']} "
           f"(stale {back['directory_stale']})")  # fmt: skip
-    _print_resets(exact, [r for r in results if r.resets], "burst")
-    _print_gateway_stalls(exact, {i: e.base_url for i, e in enumerate(engines)})
+    print_resets(exact, [r for r in results if r.resets], "burst")
+    print_gateway_stalls(exact, {i: e.base_url for i, e in enumerate(engines)})
     assert len(other) == 0, _brief(other)
     assert len(cut) >= 1 and len(rows) >= 1
     assert (down["reusable_tokens"], down["directory_stale"]) == (0, True)
@@ -595,7 +484,7 @@ def test_a_restarted_engine_fails_only_its_streams_and_promises_nothing_once_bac
     for i, spec in enumerate(after_specs):
         spec.index = i
     after = asyncio.run(send_open_loop(exact.url, after_specs, 10.0, id_prefix="after"))
-    _print_gateway_stalls(exact, {i: e.base_url for i, e in enumerate(engines)})
+    print_gateway_stalls(exact, {i: e.base_url for i, e in enumerate(engines)})
     assert all(r.status == 200 and r.done and not r.error for r in after), _brief(after)
     ids = ",".join(f"'after-{r.spec.index}'" for r in after if r.worker == 0)
     rows = exact.requests(f"worker_id = 0 AND client_request_id IN ({ids}) AND outcome = 'ok'") if ids else []
@@ -619,7 +508,7 @@ def test_approximate_mode_routes_a_repeated_prefix_to_the_worker_that_served_it(
             first = asyncio.run(send_open_loop(serve.url, [Spec(i, "completion", b) for i, b in enumerate(bodies)], 50))
             # a scrape of each engine begun after the burst: the repeats meet idle engines, and differ only in
             # what they hold (the gateway's split of a scrape taken during the burst is tested in test_load.py)
-            _await_scrapes(serve, len(engines), rounds=2)
+            await_scrapes(serve, len(engines), rounds=2)
             again = [
                 _one(serve.url, {**b, "prompt": b["prompt"] + [20, 21, 22]}, f"b-{i}") for i, b in enumerate(bodies)
             ]
