@@ -302,7 +302,10 @@ def test_a_slow_engine_times_out(servers):
 
     def stall(handler):
         release.wait(5)
-        original(handler)
+        try:
+            original(handler)
+        except (BrokenPipeError, ConnectionResetError):  # the scraper gave up and closed: what the test wants
+            pass
 
     slow.server.RequestHandlerClass.do_GET = stall
     pushed = []
