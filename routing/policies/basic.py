@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter, deque
+from collections.abc import Sequence
+
 import numpy as np
 
 from kvcost.core.types import blocks_to_allocate
@@ -160,22 +163,118 @@ def memory_hold_price_s(ctx: PolicyContext, hold_tokens: float | None = None) ->
     return price
 
 
+class RecentRoutes:
+    """The router's last ``window`` decisions: when, to which worker, and the block hashes each carried.
+
+    :func:`arrival_delay_price_s` reads from it the rate at which requests have been sent to each
+    worker and how many recent requests carried a given block (a prefix many requests share). The
+    window of 64 is the router's skew window's default (``RouterSettings.skew_window_requests``), not
+    tuned: about a second of decisions in a burst, a minute at light load. The service's stateless
+    scorer keeps its own, fed by the requests it scores.
+
+    Thread safety: not thread-safe; one owner (a policy instance).
+
+    Raises:
+        ValueError: ``window`` not an integer ≥ 2.
+    """
+
+    def __init__(self, window: int = 64) -> None:
+        if not (type(window) is int and window >= 2):
+            raise ValueError(f"window = {window!r}, expected an integer ≥ 2")
+        self._routes: deque[tuple[float, int, frozenset[int]]] = deque()
+        self._window = window
+        self._carriers: Counter[int] = Counter()
+
+    def add(self, now_s: float, worker_id: int, block_hashes: Sequence[int]) -> None:
+        """Record a request with ``block_hashes`` sent to ``worker_id`` at ``now_s`` (seconds, the caller's
+        clock); the oldest record leaves once there are more than ``window``."""
+        blocks = frozenset(block_hashes)
+        self._routes.append((now_s, worker_id, blocks))
+        self._carriers.update(blocks)
+        if len(self._routes) > self._window:
+            _, _, old = self._routes.popleft()
+            self._carriers.subtract(old)
+            for block_hash in old:
+                if not self._carriers[block_hash]:
+                    del self._carriers[block_hash]
+
+    def rates_per_s(self, worker_ids: Sequence[int], now_s: float) -> np.ndarray:
+        """Requests sent to each worker per second over the records, float64 ``(n,)``; zeros with fewer
+        than two records or no time between the oldest and ``now_s``."""
+        span_s = now_s - self._routes[0][0] if len(self._routes) >= 2 else 0.0
+        if span_s <= 0:
+            return np.zeros(len(worker_ids))
+        sent = Counter(worker for _, worker, _ in self._routes)
+        return np.array([sent[w] for w in worker_ids], dtype=np.float64) / span_s
+
+    def carriers(self, block_hash: int) -> int:
+        """How many of the recorded requests carried ``block_hash``."""
+        return self._carriers.get(block_hash, 0)
+
+
+def arrival_delay_price_s(ctx: PolicyContext, recent: RecentRoutes) -> np.ndarray:
+    """What a move's recompute costs the requests that arrive at its worker during it, seconds ``(n,)``, ≥ 0.
+
+    Price on candidate j = λ_j × W_j² ÷ 2 ÷ (1 + carriers):
+
+    * **W_j**, the wasted prefill: the prefix tokens another candidate holds and j does not
+      (``max(reusable) − reusable_j``) at j's predicted prefill seconds per uncached token. The
+      rest of the request's prefill is work the fleet does wherever it goes;
+    * **λ_j**: the rate at which the router has been sending requests to j (its last decisions,
+      :class:`RecentRoutes`). Requests keep arriving at j while it recomputes; work W added to a
+      worker delays each one that arrives during it by W ÷ 2 on average (uniform arrivals over
+      the interval), and λ_j W of them arrive: λ_j W² ÷ 2 in all. The M/G/1 busy-period factor
+      1 ÷ (1 − ρ), by which those delays spread to later arrivals, is left out: it is unbounded
+      in an overload, where the price would then keep every request on its holder whatever the
+      holder's queue (the tail then grows, ``docs/routing-unseen-workloads.md``, stop 28);
+    * **÷ (1 + carriers)**: the recent requests that carried the request's deepest held block. A
+      copy of a prefix many requests share (a system prompt, tool definitions) is used again by
+      the requests that follow, which can then be balanced without a recompute; a conversation's
+      own history is carried by one request a turn, and moving it only costs.
+
+    Why it is needed: a request moved off its prefix holder at light load gains its own TTFT a
+    few hundredths of a second, and its recompute takes the target for tenths; the queue term
+    sees no cost while nothing waits there. On ``gen:multi-turn`` at 4 workers those moves were
+    all of ``cost_aware``'s extra prefill against ``preble_e2`` (132,608 tokens, +4.5 %), still
+    queued when the burst that made the P99 came (``docs/routing-unseen-workloads.md``, "A price
+    for the arrivals that a move's recompute delays").
+
+    Why it should hold on other workloads: nothing in it is fitted. The rates and carriers come
+    from the router's own decisions, W from the cost model; the price is 0 on the holder, for a
+    request no worker holds a prefix of, and where nothing is sent to the target.
+    """
+    reuse = ctx.reusable_tokens.astype(np.float64)
+    most = reuse.max()
+    if most <= 0:
+        return np.zeros(len(reuse))
+    uncached = np.maximum(1.0, ctx.request.input_tokens - reuse)
+    wasted_s = (most - reuse) * ctx.predictions.prefill_s / uncached
+    rates = recent.rates_per_s([s.worker_id for s in ctx.snapshots], ctx.now_s)
+    hashes = ctx.request.block_hashes
+    depth = min(len(hashes), int(most) // ctx.request.namespace.block_size_tokens)
+    carriers = recent.carriers(hashes[depth - 1]) if depth else 0
+    return rates * wasted_s**2 / 2.0 / (1 + carriers)
+
+
 @ROUTER_POLICIES.register("cost_aware")
 class CostAwarePolicy(RouterPolicy):
     """Lowest predicted TTFT on the critical path plus what the choice leaves behind, among workers
     within the hot-spot skew limit.
 
     Weighs cache reuse (shorter prefill) against load (longer queue) through the
-    predicted terms, as in docs/architecture.md §1's hot/cold example, and adds two prices of
+    predicted terms, as in docs/architecture.md §1's hot/cold example, and adds three prices of
     what the choice does to other requests: duplicating a prefix another worker holds
-    (:func:`duplicate_price_s`) and holding KV memory on a worker whose memory binds
-    (:func:`memory_hold_price_s`).
+    (:func:`duplicate_price_s`), holding KV memory on a worker whose memory binds
+    (:func:`memory_hold_price_s`), and the recompute of a held prefix delaying the requests that
+    arrive at the target during it (:func:`arrival_delay_price_s`, from the policy's
+    :class:`RecentRoutes`).
 
     Args:
         seed: unused (ties go to the less loaded, then the lower index).
         duplicate_price_weight: factor on :func:`duplicate_price_s` (≥ 0; 1 by default).
         memory_price_weight: factor on :func:`memory_hold_price_s` (≥ 0; 1 by default).
-            Both at 0 rank by the predicted TTFT alone.
+        arrival_price_weight: factor on :func:`arrival_delay_price_s` (≥ 0; 1 by default).
+            All three at 0 rank by the predicted TTFT alone.
         hold_tokens: the decode steps :func:`memory_hold_price_s` counts the blocks as held,
             ≥ 0; None (the default) = the router's online estimate of a decoder's remaining
             output (``PolicyContext.remaining_decode_tokens``).
@@ -193,29 +292,40 @@ class CostAwarePolicy(RouterPolicy):
         seed: int = DEFAULT_SEED,
         duplicate_price_weight: float = 1.0,
         memory_price_weight: float = 1.0,
+        arrival_price_weight: float = 1.0,
         hold_tokens: float | None = None,
     ) -> None:
         super().__init__(seed=seed)
         for name, value in (
             ("duplicate_price_weight", duplicate_price_weight),
             ("memory_price_weight", memory_price_weight),
+            ("arrival_price_weight", arrival_price_weight),
             ("hold_tokens", 0.0 if hold_tokens is None else hold_tokens),
         ):
             if not value >= 0:
                 raise ValueError(f"{name} = {value}, expected a number ≥ 0")
         self.duplicate_price_weight = duplicate_price_weight
         self.memory_price_weight = memory_price_weight
+        self.arrival_price_weight = arrival_price_weight
         self.hold_tokens = hold_tokens
+        self.recent = RecentRoutes()
 
     def price_s(self, ctx: PolicyContext) -> np.ndarray:
         """What each choice costs other requests, seconds ``(n,)``: the weighted sum of
-        :func:`duplicate_price_s` and :func:`memory_hold_price_s` (terms at weight 0 are skipped)."""
+        :func:`duplicate_price_s`, :func:`memory_hold_price_s` and :func:`arrival_delay_price_s`
+        (terms at weight 0 are skipped)."""
         price = np.zeros(len(ctx.snapshots))
         if self.duplicate_price_weight:
             price += self.duplicate_price_weight * duplicate_price_s(ctx)
         if self.memory_price_weight:
             price += self.memory_price_weight * memory_hold_price_s(ctx, self.hold_tokens)
+        if self.arrival_price_weight:
+            price += self.arrival_price_weight * arrival_delay_price_s(ctx, self.recent)
         return price
+
+    def on_routed(self, ctx: PolicyContext, index: int) -> None:
+        """Record the decision in :attr:`recent` (the arrival price's rates and carriers)."""
+        self.recent.add(ctx.now_s, ctx.snapshots[index].worker_id, ctx.request.block_hashes)
 
     def score_s(self, ctx: PolicyContext) -> np.ndarray:
         """What each candidate is ranked by, seconds ``(n,)``: the composed predicted terms plus

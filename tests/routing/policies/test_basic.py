@@ -8,7 +8,13 @@ import pytest
 from kvcost.core.composition import TermPredictions
 from kvcost.core.types import Namespace, RouteRequest
 from kvcost.routing.policies import ROUTER_POLICIES, PolicyContext, make_policy
-from kvcost.routing.policies.basic import duplicate_price_s, memory_hold_price_s, memory_pressure
+from kvcost.routing.policies.basic import (
+    RecentRoutes,
+    arrival_delay_price_s,
+    duplicate_price_s,
+    memory_hold_price_s,
+    memory_pressure,
+)
 
 REQUEST = RouteRequest(0, 0.0, 1000, (1,), Namespace("linear"))
 
@@ -222,8 +228,58 @@ def test_cost_aware_keeps_a_family_on_its_memory_bound_holder_when_requests_wait
     assert make_policy("cost_aware").choose(ctx) == (0, "min predicted TTFT + price 400.0 + 189.3 ms, reuse 800 tokens")
 
 
-@pytest.mark.parametrize("name", ["duplicate_price_weight", "memory_price_weight", "hold_tokens"])
+@pytest.mark.parametrize(
+    "name", ["duplicate_price_weight", "memory_price_weight", "arrival_price_weight", "hold_tokens"]
+)
 @pytest.mark.parametrize("value", [-0.5, float("nan")])
 def test_cost_aware_refuses_a_negative_weight_or_hold(name, value):
     with pytest.raises(ValueError, match=f"{name} = {value}, expected a number ≥ 0"):
         make_policy("cost_aware", **{name: value})
+
+
+def test_recent_routes_give_each_workers_rate_and_the_carriers_of_a_block():
+    recent = RecentRoutes(window=3)
+    assert recent.rates_per_s([10, 11], 5.0).tolist() == [0.0, 0.0]  # no record: no rate
+    recent.add(0.0, 11, [1, 2, 3])
+    recent.add(1.0, 11, [1, 2])
+    recent.add(2.0, 10, [50])
+    assert recent.rates_per_s([10, 11, 12], 4.0).tolist() == [0.25, 0.5, 0.0]  # over the 4 s since the oldest
+    assert (recent.carriers(1), recent.carriers(3), recent.carriers(9)) == (2, 1, 0)
+    recent.add(3.0, 12, [1])  # the oldest record leaves: 3 s span, block 3 carried by none
+    assert recent.rates_per_s([10, 11, 12], 4.0).tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3])
+    assert (recent.carriers(1), recent.carriers(3)) == (2, 0)
+    with pytest.raises(ValueError, match="window = 1, expected an integer ≥ 2"):
+        RecentRoutes(window=1)
+
+
+def arrival_context(make_snapshot, recent_blocks=(1, 2, 3, 4, 5, 6, 7, 8)):
+    """A 1,000-token request of 10 blocks of 100; worker 10 holds 800 tokens, 11 and 12 none (0.1 s to
+    prefill all 1,000 there); at 4 s, worker 11 was sent two requests in the last 4 s, 10 one, 12 none."""
+    request = RouteRequest(0, 4.0, 1000, tuple(range(1, 11)), Namespace("linear", block_size_tokens=100))
+    ctx = context(make_snapshot, [0.25, 0.03, 0.03], [0.02, 0.1, 0.1], reusable=[800, 0, 0])
+    recent = RecentRoutes()
+    recent.add(0.0, 11, recent_blocks)
+    recent.add(1.0, 11, [90])
+    recent.add(2.0, 10, [91])
+    return replace(ctx, request=request, now_s=4.0), recent
+
+
+def test_arrival_price_is_the_rate_times_the_wasted_prefill_squared_over_two_per_carrier(make_snapshot):
+    # W = 800 × 0.1 ÷ 1000 = 0.08 s on 11 and 12; λ = 0.5 / s on 11, 0 on 12; block 8 carried by one request
+    ctx, recent = arrival_context(make_snapshot)
+    assert arrival_delay_price_s(ctx, recent) == pytest.approx([0.0, 0.5 * 0.08**2 / 2 / 2, 0.0], abs=1e-15)
+    ctx, recent = arrival_context(make_snapshot, recent_blocks=(1, 2))  # a private prefix: no carrier
+    assert arrival_delay_price_s(ctx, recent) == pytest.approx([0.0, 0.5 * 0.08**2 / 2, 0.0], abs=1e-15)
+    assert arrival_delay_price_s(replace(ctx, reusable_tokens=np.zeros(3, dtype=np.int64)), recent).tolist() == [0] * 3
+
+
+def test_cost_aware_sends_a_move_where_no_arrivals_wait_for_its_recompute(make_snapshot):
+    ctx, recent = arrival_context(make_snapshot)
+    policy = make_policy("cost_aware")
+    policy.recent = recent
+    assert policy.choose(ctx)[0] == 2  # 11 and 12 predict 130 ms alike; 12 was sent nothing
+    policy.on_routed(ctx, 2)
+    assert recent.rates_per_s([12], 4.0).tolist() == [0.25]
+    unpriced = make_policy("cost_aware", arrival_price_weight=0.0)
+    unpriced.recent = recent
+    assert unpriced.choose(ctx)[0] == 1  # the tie goes to the lower index
