@@ -73,10 +73,15 @@ def duplicate_price_s(ctx: PolicyContext) -> np.ndarray:
     workloads and fleets (the issue-13 grid of 5 workloads × 2 fleet sizes × 3 loads,
     seeds 0 and 1: ``docs/routing-unseen-workloads.md``, with its ×0.5 / ×2 sweep).
     """
+    return memory_pressure(ctx) * wasted_prefill_s(ctx)
+
+
+def wasted_prefill_s(ctx: PolicyContext) -> np.ndarray:
+    """Prefill seconds each candidate spends on prefix tokens another candidate holds, float64 ``(n,)``, ≥ 0:
+    ``(max(reusable) − reusable_j)`` × j's predicted prefill seconds per uncached token (0 on the holder)."""
     reuse = ctx.reusable_tokens.astype(np.float64)
     uncached = np.maximum(1.0, ctx.request.input_tokens - reuse)
-    per_token_s = ctx.predictions.prefill_s / uncached
-    return memory_pressure(ctx) * (reuse.max() - reuse) * per_token_s
+    return (reuse.max() - reuse) * ctx.predictions.prefill_s / uncached
 
 
 def memory_hold_price_s(ctx: PolicyContext, hold_tokens: float | None = None) -> np.ndarray:
@@ -217,9 +222,9 @@ def arrival_delay_price_s(ctx: PolicyContext, recent: RecentRoutes) -> np.ndarra
 
     Price on candidate j = λ_j × W_j² ÷ 2 ÷ (1 + carriers):
 
-    * **W_j**, the wasted prefill: the prefix tokens another candidate holds and j does not
-      (``max(reusable) − reusable_j``) at j's predicted prefill seconds per uncached token. The
-      rest of the request's prefill is work the fleet does wherever it goes;
+    * **W_j**, the wasted prefill (:func:`wasted_prefill_s`): the prefix tokens another candidate
+      holds and j does not, at j's predicted prefill seconds per uncached token. The rest of the
+      request's prefill is work the fleet does wherever it goes;
     * **λ_j**: the rate at which the router has been sending requests to j (its last decisions,
       :class:`RecentRoutes`). Requests keep arriving at j while it recomputes; work W added to a
       worker delays each one that arrives during it by W ÷ 2 on average (uniform arrivals over
@@ -243,15 +248,13 @@ def arrival_delay_price_s(ctx: PolicyContext, recent: RecentRoutes) -> np.ndarra
     from the router's own decisions, W from the cost model; the price is 0 on the holder, for a
     request no worker holds a prefix of, and where nothing is sent to the target.
     """
-    reuse = ctx.reusable_tokens.astype(np.float64)
-    most = reuse.max()
+    most = int(ctx.reusable_tokens.max())
     if most <= 0:
-        return np.zeros(len(reuse))
-    uncached = np.maximum(1.0, ctx.request.input_tokens - reuse)
-    wasted_s = (most - reuse) * ctx.predictions.prefill_s / uncached
+        return np.zeros(len(ctx.reusable_tokens))
+    wasted_s = wasted_prefill_s(ctx)
     rates = recent.rates_per_s([s.worker_id for s in ctx.snapshots], ctx.now_s)
     hashes = ctx.request.block_hashes
-    depth = min(len(hashes), int(most) // ctx.request.namespace.block_size_tokens)
+    depth = min(len(hashes), most // ctx.request.namespace.block_size_tokens)
     carriers = recent.carriers(hashes[depth - 1]) if depth else 0
     return rates * wasted_s**2 / 2.0 / (1 + carriers)
 
