@@ -189,6 +189,7 @@ class RecentRoutes:
         self._routes: deque[tuple[float, int, frozenset[int]]] = deque()
         self._window = window
         self._carriers: Counter[int] = Counter()
+        self._sent: Counter[int] = Counter()  # records per worker
 
     def add(self, now_s: float, worker_id: int, block_hashes: Sequence[int]) -> None:
         """Record a request with ``block_hashes`` sent to ``worker_id`` at ``now_s`` (seconds, the caller's
@@ -196,8 +197,10 @@ class RecentRoutes:
         blocks = frozenset(block_hashes)
         self._routes.append((now_s, worker_id, blocks))
         self._carriers.update(blocks)
+        self._sent[worker_id] += 1
         if len(self._routes) > self._window:
-            _, _, old = self._routes.popleft()
+            _, old_worker, old = self._routes.popleft()
+            self._sent[old_worker] -= 1
             self._carriers.subtract(old)
             for block_hash in old:
                 if not self._carriers[block_hash]:
@@ -209,8 +212,7 @@ class RecentRoutes:
         span_s = now_s - self._routes[0][0] if len(self._routes) >= 2 else 0.0
         if span_s <= 0:
             return np.zeros(len(worker_ids))
-        sent = Counter(worker for _, worker, _ in self._routes)
-        return np.array([sent[w] for w in worker_ids], dtype=np.float64) / span_s
+        return np.array([self._sent[w] for w in worker_ids], dtype=np.float64) / span_s
 
     def carriers(self, block_hash: int) -> int:
         """How many of the recorded requests carried ``block_hash``."""
