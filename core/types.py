@@ -119,9 +119,11 @@ class WorkerSnapshot:
         step_remaining_s: time left in the step now running (0 when idle).
         kv_capacity_blocks: the worker's KV capacity in blocks (vLLM reports
             ``num_gpu_blocks``); 0 when unknown.
-        waiting_prompt_blocks: KV blocks the requests not yet admitted will allocate
-            before their first chunk: their prompt blocks, less the cached prefix the router
-            predicted for them where it is known (:func:`blocks_to_allocate`).
+        waiting_prompt_blocks: KV blocks admitting the requests not yet admitted takes from the
+            free and idle cached blocks: their prompt blocks less the cached prefix the router
+            predicted for them where it is known (:func:`blocks_to_allocate`), plus the blocks of
+            those prefixes that are cached and idle, each once (admission pins them); where the
+            idle ones are not known, the new blocks alone.
         oldest_waiting_s: how long the oldest not-yet-admitted request has waited.
         recent_step_nominal_s: what the GPU type's profile predicts for the last
             step's batch; ``recent_step_s`` ÷ this exposes stragglers. 0 if unknown.

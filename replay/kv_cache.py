@@ -31,7 +31,7 @@ Times are passed in (``now_s`` arguments, simulated seconds); no clock is read.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvcost.eviction.base import EvictionPolicy
@@ -141,6 +141,15 @@ class BlockPool:
                 break
             n += 1
         return n
+
+    def idle_count(self, block_hashes: Iterable[int]) -> int:
+        """How many distinct ``block_hashes`` are cached and idle (reference count 0), ≥ 0.
+
+        Admitting a request that reuses an idle block takes it out of the evictable blocks, as
+        allocating a new block does (:meth:`try_allocate`; vLLM's prefix-cache hit removes the block
+        from its free queue), so these blocks are part of what a queue of such requests needs.
+        """
+        return sum(1 for block_hash in set(block_hashes) if block_hash in self._idle)
 
     def eviction_order(self, now_s: float | None = None) -> list[int]:
         """Idle block hashes in the order they would be evicted (first = next).

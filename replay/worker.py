@@ -39,6 +39,7 @@ import copy
 import heapq
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -178,9 +179,7 @@ class SimWorker:
             recent_step_s=self.last_step_s,
             step_remaining_s=self._step_remaining_s(now_s),
             kv_capacity_blocks=self.pool.capacity_blocks,
-            waiting_prompt_blocks=sum(
-                blocks_to_allocate(r.sequence_tokens, r.router_reuse_tokens, self.block_size_tokens) for r in unadmitted
-            ),
+            waiting_prompt_blocks=self._admission_blocks(unadmitted),
             oldest_waiting_s=now_s - min(r.arrival_s for r in unadmitted) if unadmitted else 0.0,
             recent_step_nominal_s=self.last_step_nominal_s,
             load_backlog_s=self.tiers.pcie.backlog_s(now_s) if self.tiers else 0.0,
@@ -189,6 +188,29 @@ class SimWorker:
                 r.emitted_tokens + 1 + self.decode_steps - r.decode_start_step for _, _, r in self._decoding
             ),
         )
+
+    def _admission_blocks(self, unadmitted: Sequence[SimRequest]) -> int:
+        """Blocks admitting ``unadmitted`` takes from the free and idle blocks (``waiting_prompt_blocks``).
+
+        Each request's new blocks (its prompt less the prefix the router expects it to reuse), plus
+        the blocks of those prefixes that are cached and idle now, each counted once over the queue:
+        admission pins an idle block as surely as it allocates a new one (:meth:`BlockPool.idle_count`).
+        A router knows the same from its directory (the stored blocks) and the prompts of the requests it
+        has running on the worker (the held ones); a prefix still being computed by an earlier request is
+        that request's new blocks, and a prefix a running request holds takes nothing.
+
+        Why it matters: counting only the new blocks takes the queue's reused prefixes for free memory. A
+        conversation's turn reuses thousands of tokens of its own history and allocates a few hundred,
+        so a queue of such turns needs about ten times the blocks counted. On an L40S serving
+        Llama-2-7B (a few conversations fit in memory) the router then saw the same predicted queue on a
+        worker whose queue held long conversations and on the others, and that worker's requests waited
+        twice as long as predicted (kvcost issue 13; ``docs/routing-unseen-workloads.md``, "The blocks a
+        queue's reused prefixes pin").
+        """
+        size = self.block_size_tokens
+        new_blocks = sum(blocks_to_allocate(r.sequence_tokens, r.router_reuse_tokens, size) for r in unadmitted)
+        prefixes = (h for r in unadmitted for h in r.full_block_hashes[: r.router_reuse_tokens // size])
+        return new_blocks + self.pool.idle_count(prefixes)
 
     def _step_remaining_s(self, now_s: float) -> float:
         """Time left in the step now running as the router can know it: its start + its nominal

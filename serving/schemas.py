@@ -203,7 +203,11 @@ class SnapshotIn(BaseModel):
     recent_step_s: Seconds = 0.0
     step_remaining_s: Seconds = 0.0
     kv_capacity_blocks: Count = Field(0, description="0 = unknown")
-    waiting_prompt_blocks: Count = 0
+    waiting_prompt_blocks: Count = Field(
+        0,
+        description="KV blocks admitting the waiting requests takes from the free and idle cached blocks: "
+        "their new blocks plus the idle cached blocks of their reused prefixes, each once",
+    )
     oldest_waiting_s: Seconds = 0.0
     recent_step_nominal_s: Seconds = Field(0.0, description="0 = unknown")
     running_output_tokens: Annotated[list[Count], Field(max_length=MAX_RUNNING_REQUESTS)] = Field(

@@ -44,7 +44,7 @@ def memory_pressure(ctx: PolicyContext) -> np.ndarray:
     """Each candidate's KV demand against its capacity, float64 ``(n,)`` in [0, 1].
 
     Pressure = ``kv_usage`` (the fraction of blocks held by running requests) +
-    ``waiting_prompt_blocks`` (prompt blocks of the requests not yet admitted) ÷
+    ``waiting_prompt_blocks`` (the blocks admitting the requests not yet admitted takes) ÷
     ``kv_capacity_blocks``; where the capacity is unknown (0), ``kv_usage`` alone. Idle
     cached blocks are not demand: they are what a new allocation evicts once the free
     blocks are gone.

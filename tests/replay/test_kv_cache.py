@@ -132,6 +132,14 @@ def test_shared_prefix_is_refcounted():
     assert state(pool) == (0, 3, 5, [3, 2, 1])
 
 
+def test_idle_count_counts_distinct_idle_blocks_only():
+    pool = BlockPool(8)
+    pool.free(admit_and_register(pool, [1, 2, 3], 3))  # 1, 2, 3 idle
+    admit_and_register(pool, [1, 4], 2)  # 1 held again, 4 held
+    assert pool.idle_count([1, 2, 2, 3, 4, 9]) == 2  # 2 and 3 once each; held 1 and 4, absent 9 not
+    assert pool.idle_count([]) == 0
+
+
 def test_block_computed_twice_concurrently_is_shared_after_prefill():
     pool = BlockPool(8)
     a, _ = pool.try_allocate([1, 2], 3)

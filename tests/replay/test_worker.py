@@ -402,6 +402,20 @@ def test_snapshot_counts_fetching_requests_as_not_yet_admitted():
     assert worker.snapshot(2.5).oldest_waiting_s == 2.5
 
 
+def test_snapshot_counts_the_idle_blocks_the_queued_prefixes_pin():
+    """Request 0's prompt blocks 1–4 are idle after it ends; 1 and 2 are held again by a running
+    request. Two queued requests promised 1–3 and 1–2 need their new blocks (2 and 3) plus block 3,
+    once: 1 and 2 are held, so admitting them takes nothing more."""
+    worker = make_worker()
+    drive(worker, [req(0, 0.0, 45, 1, range(1, 6))])
+    worker.enqueue(req(1, 1.0, 25, 50, [1, 2, 7], predicted_reuse_tokens=20))
+    worker.finish_step(worker.start_step(1.0))  # its prefill step: it decodes, holding 1, 2 and 7
+    assert worker.pool.idle_count([1, 2, 3, 4]) == 2
+    worker.enqueue(req(2, 1.0, 45, 1, [1, 2, 3, 8, 9], predicted_reuse_tokens=30))
+    worker.enqueue(req(3, 1.0, 45, 1, [1, 2, 10, 11, 12], predicted_reuse_tokens=20))
+    assert worker.snapshot(1.0).waiting_prompt_blocks == (5 - 3) + (5 - 2) + 1
+
+
 def test_recent_step_is_the_last_finished_step_not_the_running_one():
     worker = make_worker(jitter_sigma=0.5, speed_fraction=0.5, slowdown_from_s=0.0)
     worker.enqueue(req(0, 0.0, 95, 5, range(1, 10)))
