@@ -149,7 +149,7 @@ class BlockPool:
         allocating a new block does (:meth:`try_allocate`; vLLM's prefix-cache hit removes the block
         from its free queue), so these blocks are part of what a queue of such requests needs.
         """
-        return sum(1 for block_hash in set(block_hashes) if block_hash in self._idle)
+        return sum(map(self._idle.__contains__, set(block_hashes)))
 
     def eviction_order(self, now_s: float | None = None) -> list[int]:
         """Idle block hashes in the order they would be evicted (first = next).

@@ -208,8 +208,12 @@ class SimWorker:
         queue's reused prefixes pin").
         """
         size = self.block_size_tokens
-        new_blocks = sum(blocks_to_allocate(r.sequence_tokens, r.router_reuse_tokens, size) for r in unadmitted)
-        prefixes = (h for r in unadmitted for h in r.full_block_hashes[: r.router_reuse_tokens // size])
+        new_blocks, prefixes = 0, set()
+        for r in unadmitted:
+            reuse = r.router_reuse_tokens
+            new_blocks += blocks_to_allocate(r.sequence_tokens, reuse, size)
+            if reuse >= size:
+                prefixes.update(r.full_block_hashes[: reuse // size])
         return new_blocks + self.pool.idle_count(prefixes)
 
     def _step_remaining_s(self, now_s: float) -> float:
