@@ -122,8 +122,10 @@ class WorkerSnapshot:
         waiting_prompt_blocks: KV blocks admitting the requests not yet admitted takes from the
             free and idle cached blocks: their prompt blocks less the cached prefix the router
             predicted for them where it is known (:func:`blocks_to_allocate`), plus the blocks of
-            those prefixes that are cached and idle, each once (admission pins them); where the
-            idle ones are not known, the new blocks alone.
+            those prefixes that are cached and idle, each once (admission pins them). The
+            simulator knows the idle ones from its block pool, the gateway from what it routed
+            (its queued requests' stored prefixes less its decoders' prompts); a scraped engine's
+            figure counts whole prompts.
         oldest_waiting_s: how long the oldest not-yet-admitted request has waited.
         recent_step_nominal_s: what the GPU type's profile predicts for the last
             step's batch; ``recent_step_s`` ÷ this exposes stragglers. 0 if unknown.

@@ -24,7 +24,9 @@ Thread safety: the event loop only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from kvcost.core.types import WorkerSnapshot, blocks_to_allocate
 
@@ -36,6 +38,44 @@ class _Sent:
     context_tokens: int  # tokens already in KV at admission (the promised reuse)
     decoding: bool = False
     generated_tokens: int = 0
+    cached_prefix: tuple[int, ...] = ()  # block hashes of the stored prefix it expects to reuse
+    prompt_blocks: tuple[int, ...] = ()  # its prompt's full-block hashes, held while it decodes
+
+
+@dataclass(slots=True)
+class _Pins:
+    """One worker's stored blocks that the gateway's waiting requests will pin at admission, less
+    those its decoding requests hold: the idle cached blocks admitting its queue takes.
+
+    Kept as reference counts, so each route reads the count in O(1) and each request's change of
+    state costs O(its blocks). The simulator counts the same from its block pool
+    (``SimWorker._admission_blocks``); the gateway knows it from what it routed: the stored prefix
+    each waiting request was matched to, and the prompts of the requests it has decoding there.
+    """
+
+    pinned: Counter[int] = field(default_factory=Counter)
+    held: Counter[int] = field(default_factory=Counter)
+    idle: int = 0  # distinct block hashes pinned by a waiting request and held by no decoder
+
+    def pin(self, block_hashes: Sequence[int], delta: int) -> None:
+        """``delta`` = +1: a waiting request will pin ``block_hashes``; −1: it no longer will."""
+        for h in block_hashes:
+            before = self.pinned[h]
+            self.pinned[h] = after = before + delta
+            if not self.held[h] and (before == 0) != (after == 0):
+                self.idle += 1 if after else -1
+            if not after:
+                del self.pinned[h]
+
+    def hold(self, block_hashes: Sequence[int], delta: int) -> None:
+        """``delta`` = +1: a decoding request holds ``block_hashes``; −1: it released them."""
+        for h in block_hashes:
+            before = self.held[h]
+            self.held[h] = after = before + delta
+            if self.pinned[h] and (before == 0) != (after == 0):
+                self.idle += -1 if after else 1
+            if not after:
+                del self.held[h]
 
 
 class SentLoad:
@@ -53,31 +93,69 @@ class SentLoad:
     def __init__(self) -> None:
         self._sent: dict[int, _Sent] = {}
         self._by_worker: dict[int, dict[int, _Sent]] = {}
+        self._pins: dict[int, _Pins] = {}
         #: per worker, at its last noted scrape: (stored at, own waiting, own decoding, own decoding KV tokens)
         self._at_scrape: dict[int, tuple[float, int, int, int]] = {}
 
     def __len__(self) -> int:
         return len(self._sent)
 
-    def routed(self, request_id: int, worker_id: int, input_tokens: int, reusable_tokens: int) -> None:
+    def routed(
+        self,
+        request_id: int,
+        worker_id: int,
+        input_tokens: int,
+        reusable_tokens: int,
+        cached_prefix: Sequence[int] = (),
+        prompt_blocks: Sequence[int] = (),
+    ) -> None:
         """The request was sent to ``worker_id``: ``input_tokens − reusable_tokens`` tokens of prefill queued.
 
+        Args:
+            request_id: the gateway's id for the request.
+            worker_id: where it was sent.
+            input_tokens: its prompt tokens, ≥ 0.
+            reusable_tokens: the reuse its queued work is counted net of, 0 ≤ … ≤ ``input_tokens``.
+            cached_prefix: block hashes of the prefix stored on the worker when it was routed that it
+                expects to reuse (in-flight blocks excluded: they are an earlier request's new blocks).
+                Admission pins them; until then they count in ``waiting_prompt_blocks`` unless a
+                decoding request holds them.
+            prompt_blocks: its prompt's full-block hashes, held from its first token to its end.
+
         Raises:
-            ValueError: a negative count, or more reuse than input.
+            ValueError: a negative count, more reuse than input, or a cached prefix that does not begin
+                the prompt.
         """
         if input_tokens < 0 or not 0 <= reusable_tokens <= input_tokens:
             raise ValueError(
                 f"input_tokens = {input_tokens}, reusable_tokens = {reusable_tokens}, expected 0 ≤ reusable ≤ input"
             )
+        if prompt_blocks and tuple(prompt_blocks[: len(cached_prefix)]) != tuple(cached_prefix):
+            raise ValueError(
+                f"cached_prefix = {list(cached_prefix)[:4]}… ({len(cached_prefix)} blocks), "
+                "expected the first blocks of prompt_blocks"
+            )
         self.finished(request_id)  # a retry re-routes an id: it leaves its first worker
-        sent = _Sent(worker_id, input_tokens - reusable_tokens, reusable_tokens)
+        sent = _Sent(
+            worker_id,
+            input_tokens - reusable_tokens,
+            reusable_tokens,
+            False,
+            0,
+            tuple(cached_prefix),
+            tuple(prompt_blocks),
+        )
         self._sent[request_id] = sent
         self._by_worker.setdefault(worker_id, {})[request_id] = sent
+        self._pins.setdefault(worker_id, _Pins()).pin(sent.cached_prefix, +1)
 
     def first_token(self, request_id: int) -> None:
         """The request's first token arrived: its prefill is done, it decodes now."""
         sent = self._sent.get(request_id)
-        if sent is not None:
+        if sent is not None and not sent.decoding:
+            pins = self._pins[sent.worker_id]
+            pins.hold(sent.prompt_blocks, +1)
+            pins.pin(sent.cached_prefix, -1)
             sent.decoding = True
             sent.generated_tokens = max(1, sent.generated_tokens)
 
@@ -92,6 +170,11 @@ class SentLoad:
         sent = self._sent.pop(request_id, None)
         if sent is not None:
             del self._by_worker[sent.worker_id][request_id]
+            pins = self._pins[sent.worker_id]
+            if sent.decoding:
+                pins.hold(sent.prompt_blocks, -1)
+            else:
+                pins.pin(sent.cached_prefix, -1)
 
     def counts(self, worker_id: int) -> tuple[int, int, int]:
         """``(waiting requests, decoding requests, prefill tokens queued)`` that the gateway sent to ``worker_id``."""
@@ -126,9 +209,11 @@ class SentLoad:
         likewise: the gateway's own now, plus the scrape's excess. The excess is taken over all
         requests (waiting + decoding), since the engine may count as running a request whose
         first token has not reached the gateway yet. KV usage, capacity and step time: the
-        scrape's (0 = unknown without one). The decoders' progress: the tokens the gateway
-        streamed for each of its own (where there are other decoders, the KV-wait estimate takes
-        the progress as unknown).
+        scrape's (0 = unknown without one). Blocks the waiting requests take at admission: their new
+        blocks, plus the stored prefixes they will pin that no decoding request of the gateway's holds,
+        each once (:class:`_Pins`), plus the scrape's share for the others. The decoders' progress:
+        the tokens the gateway streamed for each of its own (where there are other decoders, the
+        KV-wait estimate takes the progress as unknown).
 
         A snapshot the gateway did not note (:meth:`scraped` with ``scraped_at_s``: one pushed
         over the API, say) cannot be split into own and other requests; then per quantity the
@@ -146,6 +231,7 @@ class SentLoad:
         """
         own = self._own(worker_id)
         own_blocks = sum(blocks_to_allocate(t + ctx, ctx, block_size_tokens) for t, ctx in own.waiting)
+        own_blocks += self._pins[worker_id].idle if worker_id in self._pins else 0
         if scraped is None:
             return WorkerSnapshot(
                 worker_id=worker_id,

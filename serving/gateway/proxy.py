@@ -212,11 +212,13 @@ class Gateway:
         _, decision = self.service.route_resolved(
             request, snapshots, dict.fromkeys(workers, "gateway"), ages, in_flight_ttl_s=ttl_s
         )
-        self.load.routed(
-            decision_id, decision.worker_id, request.input_tokens, _reusable(decision, request.input_tokens)
-        )
         block = request.namespace.block_size_tokens
         held = decision.directory_blocks[decision.chosen_index]
+        reusable = _reusable(decision, request.input_tokens)
+        cached_prefix = request.block_hashes[: min(held, reusable // block)]
+        self.load.routed(
+            decision_id, decision.worker_id, request.input_tokens, reusable, cached_prefix, request.block_hashes
+        )
         return _Attempt(
             decision_id, decision.worker_id, started, client, engine_cached_tokens(held, block, len(token_ids))
         )

@@ -80,6 +80,36 @@ def test_a_snapshot_the_gateway_did_not_note_keeps_the_larger_counts():
     assert (snap.waiting_prefill, snap.running_requests) == (((36, 64), (80, 0), (80, 0)), 4)
 
 
+def test_the_stored_prefixes_a_queue_will_pin_count_once_unless_a_decoder_holds_them():
+    load = SentLoad()
+
+    def blocks() -> int:
+        return load.snapshot(0, "a100", None, block_size_tokens=32).waiting_prompt_blocks
+
+    load.routed(1, 0, input_tokens=128, reusable_tokens=64, cached_prefix=(1, 2), prompt_blocks=(1, 2, 3, 4))
+    load.routed(2, 0, input_tokens=96, reusable_tokens=64, cached_prefix=(1, 2), prompt_blocks=(1, 2, 5))
+    # new blocks 2 + 1, and the idle prefix (1, 2) both will pin, once
+    assert blocks() == 3 + 2
+    load.routed(3, 0, input_tokens=96, reusable_tokens=64, cached_prefix=(1, 2), prompt_blocks=(1, 2, 9))
+    assert blocks() == 3 + 1 + 2
+    load.first_token(3)  # request 3 decodes and holds (1, 2): the queue pins nothing idle
+    load.first_token(3)  # a repeated first token changes nothing
+    assert blocks() == 3
+    load.finished(3)
+    assert blocks() == 3 + 2
+    load.first_token(1)
+    assert blocks() == 1  # request 2's new block; its prefix is held by request 1
+    load.finished(1)
+    assert blocks() == 1 + 2
+    load.finished(2)
+    assert blocks() == 0 and load.snapshot(1, "a100", None, 32).waiting_prompt_blocks == 0
+
+
+def test_a_cached_prefix_that_does_not_begin_the_prompt_is_refused():
+    with pytest.raises(ValueError, match=r"cached_prefix = \[2\]… \(1 blocks\), expected the first blocks"):
+        SentLoad().routed(1, 0, input_tokens=64, reusable_tokens=32, cached_prefix=(2,), prompt_blocks=(1, 2))
+
+
 def test_reuse_beyond_the_input_is_refused():
     with pytest.raises(ValueError, match="reusable_tokens = 11"):
         SentLoad().routed(1, 0, input_tokens=10, reusable_tokens=11)
