@@ -30,7 +30,7 @@ Times are passed in (``now_s`` arguments, simulated seconds); no clock is read.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -100,6 +100,8 @@ class BlockPool:
         self._index = eviction
         self.block_events: list[tuple] | None = [] if record_events else None
         self._depth: dict[int, int] = {}  # depth of cached blocks, kept only while recording
+        self._watched: Counter[int] = Counter()  # block hash → how many watchers (see watch)
+        self.watched_idle_blocks = 0  # distinct watched hashes cached and idle now
 
     @property
     def eviction_policy(self) -> str:
@@ -142,14 +144,34 @@ class BlockPool:
             n += 1
         return n
 
-    def idle_count(self, block_hashes: Iterable[int]) -> int:
-        """How many distinct ``block_hashes`` are cached and idle (reference count 0), ≥ 0.
+    def watch(self, block_hashes: Iterable[int], delta: int) -> None:
+        """Add (``delta`` = +1) or remove (−1) one watcher of each of ``block_hashes``.
 
-        Admitting a request that reuses an idle block takes it out of the evictable blocks, as
+        :attr:`watched_idle_blocks` is then, at every moment, how many distinct hashes with at least
+        one watcher are cached and idle (reference count 0), kept as blocks become idle, are reused
+        or are evicted. A worker watches the prefixes its not-yet-admitted requests expect to reuse:
+        admitting a request that reuses an idle block takes it out of the evictable blocks, as
         allocating a new block does (:meth:`try_allocate`; vLLM's prefix-cache hit removes the block
-        from its free queue), so these blocks are part of what a queue of such requests needs.
+        from its free queue), so these blocks are part of what the queue needs. The worker reads the
+        count at each snapshot in O(1) instead of O(the queue's blocks) (``SimWorker._queue_changed``).
+
+        Raises:
+            ValueError: ``delta`` is not ±1, or a hash loses a watcher it does not have.
         """
-        return sum(map(self._idle.__contains__, set(block_hashes)))
+        if delta not in (1, -1):
+            raise ValueError(f"delta = {delta}, expected +1 or -1")
+        watched, idle = self._watched, self._idle
+        for block_hash in block_hashes:
+            count = watched[block_hash] + delta
+            if count < 0:
+                raise ValueError(f"block hash {block_hash} is not watched, expected a watched hash to unwatch")
+            if count == 0:
+                del watched[block_hash]
+            else:
+                watched[block_hash] = count
+            first_or_last = count == 1 if delta > 0 else count == 0
+            if first_or_last and block_hash in idle:
+                self.watched_idle_blocks += delta
 
     def eviction_order(self, now_s: float | None = None) -> list[int]:
         """Idle block hashes in the order they would be evicted (first = next).
@@ -169,6 +191,8 @@ class BlockPool:
         twin._index = self._index.fork() if self._index is not None else None
         twin.block_events = None
         twin._depth = dict(self._depth)
+        twin._watched = Counter(self._watched)
+        twin.watched_idle_blocks = self.watched_idle_blocks
         return twin
 
     # -- mechanism ---------------------------------------------------------------
@@ -273,6 +297,8 @@ class BlockPool:
             if count == 0:
                 self._idle[block_hash] = None
                 idle.append(block_hash)
+                if block_hash in self._watched:
+                    self.watched_idle_blocks += 1
         request_blocks, reused = len(allocation.cached_hashes), allocation.reused_blocks
         if self._index is not None:
             self._index.on_idle(idle, request_blocks, now_s, reused)
@@ -285,6 +311,8 @@ class BlockPool:
         count = self._refcount[block_hash]
         if count == 0:
             del self._idle[block_hash]
+            if block_hash in self._watched:
+                self.watched_idle_blocks -= 1
         self._refcount[block_hash] = count + 1
         if self._index is not None:
             self._index.on_hit(block_hash, now_s, count_hit=hit)
@@ -298,6 +326,8 @@ class BlockPool:
                 block_hash = self._index.pop(now_s)
                 del self._idle[block_hash]
             del self._refcount[block_hash]
+            if block_hash in self._watched:
+                self.watched_idle_blocks -= 1
             evicted.append(block_hash)
             if self.block_events is not None:
                 self._record(now_s, block_hash, "evicted", self._depth.pop(block_hash), 0, 0)

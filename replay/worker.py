@@ -39,7 +39,6 @@ import copy
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -134,6 +133,8 @@ class SimWorker:
         self.decode_steps = 0
         self.decode_context_tokens = 0
         self.queued_prefill_tokens = 0
+        self._queue_new_blocks = 0  # Σ new blocks of the not-yet-admitted requests (_queue_changed)
+        self._unadmitted_view: tuple[tuple[tuple[int, int], ...], float] | None = None  # snapshot's cache
         self.step_end_s: float | None = None
         self.last_step_s = 0.0  # last finished step, as the router sees it
         self.last_step_nominal_s = 0.0
@@ -165,8 +166,8 @@ class SimWorker:
             for r in self.prefilling
             if r.queued_tokens > in_step.get(id(r), 0)
         )
-        unadmitted = (*self.fetching, *self.waiting)  # routed, holding no KV yet
-        waiting += tuple((r.queued_tokens, r.router_reuse_tokens) for r in unadmitted)
+        unadmitted, oldest_arrival_s = self._unadmitted()
+        waiting += unadmitted
         waiting += tuple((r.queued_tokens, r.computed_tokens) for r in self.loading)
         return WorkerSnapshot(
             worker_id=self.worker_id,
@@ -179,8 +180,8 @@ class SimWorker:
             recent_step_s=self.last_step_s,
             step_remaining_s=self._step_remaining_s(now_s),
             kv_capacity_blocks=self.pool.capacity_blocks,
-            waiting_prompt_blocks=self._admission_blocks(unadmitted),
-            oldest_waiting_s=now_s - min(r.arrival_s for r in unadmitted) if unadmitted else 0.0,
+            waiting_prompt_blocks=self._queue_new_blocks + self.pool.watched_idle_blocks,
+            oldest_waiting_s=now_s - oldest_arrival_s if unadmitted else 0.0,
             recent_step_nominal_s=self.last_step_nominal_s,
             load_backlog_s=self.tiers.pcie.backlog_s(now_s) if self.tiers else 0.0,
             transfer_backlog_s=self.tiers.network.backlog_s(now_s) if self.tiers else 0.0,
@@ -189,15 +190,31 @@ class SimWorker:
             ),
         )
 
-    def _admission_blocks(self, unadmitted: Sequence[SimRequest]) -> int:
-        """Blocks admitting ``unadmitted`` takes from the free and idle blocks (``waiting_prompt_blocks``).
+    def _unadmitted(self) -> tuple[tuple[tuple[int, int], ...], float]:
+        """The requests routed here and holding no KV yet (fetching, then waiting), as the snapshot's
+        ``(prefill tokens left, reuse expected)`` pairs, and the earliest arrival among them (inf if none).
 
-        Each request's new blocks (its prompt less the prefix the router expects it to reuse), plus
+        Cached until the queue changes (:meth:`_queue_changed`): while a request waits, neither its
+        tokens nor its expected reuse change, and a router reads every worker at every arrival.
+        """
+        if self._unadmitted_view is None:
+            unadmitted = (*self.fetching, *self.waiting)
+            pairs = tuple((r.queued_tokens, r.router_reuse_tokens) for r in unadmitted)
+            self._unadmitted_view = pairs, min((r.arrival_s for r in unadmitted), default=math.inf)
+        return self._unadmitted_view
+
+    def _queue_changed(self, request: SimRequest | None = None, joined: bool = True) -> None:
+        """Keep the snapshot's view of the not-yet-admitted requests: ``request`` joined (or left) them,
+        or, with no request, only their order changed.
+
+        ``waiting_prompt_blocks`` is the blocks admitting them takes from the free and idle blocks:
+        each request's new blocks (its prompt less the prefix the router expects it to reuse), plus
         the blocks of those prefixes that are cached and idle now, each counted once over the queue:
-        admission pins an idle block as surely as it allocates a new one (:meth:`BlockPool.idle_count`).
-        A router knows the same from its directory (the stored blocks) and the prompts of the requests it
-        has running on the worker (the held ones); a prefix still being computed by an earlier request is
-        that request's new blocks, and a prefix a running request holds takes nothing.
+        admission pins an idle block as surely as it allocates a new one. The pool keeps the second
+        part as blocks change state (:meth:`BlockPool.watch`), so a snapshot reads both in O(1). A
+        router knows the same from its directory (the stored blocks) and the prompts of the requests
+        it has running on the worker (the held ones); a prefix still being computed by an earlier
+        request is that request's new blocks, and a prefix a running request holds takes nothing.
 
         Why it matters: counting only the new blocks takes the queue's reused prefixes for free memory. A
         conversation's turn reuses thousands of tokens of its own history and allocates a few hundred,
@@ -207,14 +224,14 @@ class SimWorker:
         twice as long as predicted (kvcost issue 13; ``docs/routing-unseen-workloads.md``, "The blocks a
         queue's reused prefixes pin").
         """
-        size = self.block_size_tokens
-        new_blocks, prefixes = 0, set()
-        for r in unadmitted:
-            reuse = r.router_reuse_tokens
-            new_blocks += blocks_to_allocate(r.sequence_tokens, reuse, size)
-            if reuse >= size:
-                prefixes.update(r.full_block_hashes[: reuse // size])
-        return new_blocks + self.pool.idle_count(prefixes)
+        self._unadmitted_view = None
+        if request is None:
+            return
+        sign = 1 if joined else -1
+        size, reuse = self.block_size_tokens, request.router_reuse_tokens
+        self._queue_new_blocks += sign * blocks_to_allocate(request.sequence_tokens, reuse, size)
+        if reuse >= size:
+            self.pool.watch(request.full_block_hashes[: reuse // size], sign)
 
     def _step_remaining_s(self, now_s: float) -> float:
         """Time left in the step now running as the router can know it: its start + its nominal
@@ -272,6 +289,7 @@ class SimWorker:
         """Add a routed request to the FCFS waiting queue."""
         self.waiting.append(request)
         self.queued_prefill_tokens += request.queued_tokens
+        self._queue_changed(request)
 
     def enqueue_fetched(self, request: SimRequest) -> None:
         """Add a routed request whose prefix is arriving over the network (``fetch_hashes``, by ``ready_s``).
@@ -282,6 +300,7 @@ class SimWorker:
         """
         self.fetching.append(request)
         self.queued_prefill_tokens += request.queued_tokens
+        self._queue_changed(request)
 
     # -- steps -----------------------------------------------------------------
     def _wake(self, now_s: float) -> None:
@@ -292,6 +311,7 @@ class SimWorker:
                 self.fetching.remove(request)
                 self._tier_events(now_s, self.tiers.put_cpu(list(request.fetch_hashes)))
                 self.waiting.append(request)
+                self._queue_changed()
         if self.loading:
             loaded = [r for r in self.loading if r.ready_s <= now_s]
             for request in loaded:
@@ -328,6 +348,7 @@ class SimWorker:
         lookup_s = 0.0
         while self.waiting and budget > 0 and self._admit_head(now_s):
             request = self.waiting.popleft()
+            self._queue_changed(request, joined=False)
             if request.ready_s > now_s:
                 self.loading.append(request)
                 continue
@@ -507,6 +528,7 @@ class SimWorker:
         if now_s >= self.measure_from_s:
             self.preemptions += 1
         self.waiting.appendleft(request)
+        self._queue_changed(request)
 
     def _tier_events(self, now_s: float, events: list[tuple[str, str, list[int]]]) -> None:
         for kind, tier, hashes in events:

@@ -49,7 +49,7 @@ class _Pins:
 
     Kept as reference counts, so each route reads the count in O(1) and each request's change of
     state costs O(its blocks). The simulator counts the same from its block pool
-    (``SimWorker._admission_blocks``); the gateway knows it from what it routed: the stored prefix
+    (``SimWorker._queue_changed``); the gateway knows it from what it routed: the stored prefix
     each waiting request was matched to, and the prompts of the requests it has decoding there.
     """
 

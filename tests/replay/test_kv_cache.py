@@ -132,12 +132,36 @@ def test_shared_prefix_is_refcounted():
     assert state(pool) == (0, 3, 5, [3, 2, 1])
 
 
-def test_idle_count_counts_distinct_idle_blocks_only():
-    pool = BlockPool(8)
-    pool.free(admit_and_register(pool, [1, 2, 3], 3))  # 1, 2, 3 idle
-    admit_and_register(pool, [1, 4], 2)  # 1 held again, 4 held
-    assert pool.idle_count([1, 2, 2, 3, 4, 9]) == 2  # 2 and 3 once each; held 1 and 4, absent 9 not
-    assert pool.idle_count([]) == 0
+def test_the_watched_idle_count_follows_blocks_that_idle_are_reused_and_are_evicted():
+    pool = BlockPool(6)
+    pool.watch([1, 2, 9], +1)
+    pool.watch([1], +1)  # two watchers of 1
+    first = admit_and_register(pool, [1, 2, 3], 3)
+    assert pool.watched_idle_blocks == 0  # held
+    pool.free(first)  # 1, 2, 3 idle; 1 and 2 watched
+    assert pool.watched_idle_blocks == 2
+    twin = pool.fork()
+    pool.watch([1], -1)
+    assert pool.watched_idle_blocks == 2  # 1 keeps a watcher
+    pool.watch([1], -1)
+    assert pool.watched_idle_blocks == 1
+    admit_and_register(pool, [2], 1)  # reused: held again
+    assert pool.watched_idle_blocks == 0
+    assert twin.watched_idle_blocks == 2  # the fork is independent
+    twin.try_allocate([], 5)  # 3 free blocks, so 2 of the 3 idle ones go: LRU frees tail first, 3 then 2
+    assert (twin.watched_idle_blocks, twin.eviction_order()) == (1, [1])
+    pool.watch([3], +1)  # watching an idle block counts it at once
+    assert pool.watched_idle_blocks == 1
+
+
+@pytest.mark.parametrize(
+    ("hashes", "delta", "message"), [([5], -1, "block hash 5 is not watched"), ([5], 2, "delta = 2")]
+)
+def test_watch_refuses_an_unknown_unwatch_and_a_delta_other_than_one(hashes, delta, message):
+    pool = BlockPool(4)
+    with pytest.raises(ValueError, match=message):
+        pool.watch(hashes, delta)
+    assert pool.watched_idle_blocks == 0
 
 
 def test_block_computed_twice_concurrently_is_shared_after_prefill():

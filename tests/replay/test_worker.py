@@ -16,6 +16,7 @@ import pytest
 
 from kvcost.core.hardware import GpuSpec, StepTimeModel
 from kvcost.core.links import LinkSpec
+from kvcost.core.types import blocks_to_allocate
 from kvcost.features.nominal import NominalCosts
 from kvcost.replay.kv_cache import BlockPool
 from kvcost.replay.sim_request import SimRequest
@@ -398,8 +399,9 @@ def test_snapshot_counts_fetching_requests_as_not_yet_admitted():
     snap = worker.snapshot(1.0)
     # blocks to allocate: a's 3 less the 2 it was promised, b's 3
     assert (snap.waiting_prompt_blocks, snap.oldest_waiting_s) == (4, 1.0)
+    assert worker.snapshot(1.0).waiting_prefill == ((5, 20), (25, 0))  # a, then b
     worker._wake(2.5)  # a's transfer has landed: it queues behind b, yet it is the oldest
-    assert worker.snapshot(2.5).oldest_waiting_s == 2.5
+    assert (worker.snapshot(2.5).oldest_waiting_s, worker.snapshot(2.5).waiting_prefill) == (2.5, ((25, 0), (5, 20)))
 
 
 def test_snapshot_counts_the_idle_blocks_the_queued_prefixes_pin():
@@ -410,10 +412,50 @@ def test_snapshot_counts_the_idle_blocks_the_queued_prefixes_pin():
     drive(worker, [req(0, 0.0, 45, 1, range(1, 6))])
     worker.enqueue(req(1, 1.0, 25, 50, [1, 2, 7], predicted_reuse_tokens=20))
     worker.finish_step(worker.start_step(1.0))  # its prefill step: it decodes, holding 1, 2 and 7
-    assert worker.pool.idle_count([1, 2, 3, 4]) == 2
+    assert sorted(worker.pool.eviction_order()) == [3, 4]  # idle; 1 and 2 are held
     worker.enqueue(req(2, 1.0, 45, 1, [1, 2, 3, 8, 9], predicted_reuse_tokens=30))
     worker.enqueue(req(3, 1.0, 45, 1, [1, 2, 10, 11, 12], predicted_reuse_tokens=20))
     assert worker.snapshot(1.0).waiting_prompt_blocks == (5 - 3) + (5 - 2) + 1
+
+
+def admission_blocks_recounted(worker: SimWorker) -> int:
+    """``waiting_prompt_blocks`` counted from scratch: each unadmitted request's new blocks, plus the
+    idle blocks of their expected prefixes, each once."""
+    idle, prefixes, new_blocks = set(worker.pool.eviction_order()), set(), 0
+    for r in (*worker.fetching, *worker.waiting):
+        new_blocks += blocks_to_allocate(r.sequence_tokens, r.router_reuse_tokens, BLOCK)
+        prefixes.update(r.full_block_hashes[: r.router_reuse_tokens // BLOCK])
+    return new_blocks + len(prefixes & idle)
+
+
+def test_the_snapshots_admission_blocks_equal_a_recount_through_evictions_and_preemptions():
+    """Three conversations whose turns each extend the last (the router expecting the previous
+    turn's blocks back), in 24 blocks of memory with outputs long enough to preempt: at every
+    event the kept count equals a recount from the queue and the pool."""
+    requests = []
+    for i in range(18):
+        family, turn = i % 3, i // 3
+        full = 2 + turn  # full prompt blocks, growing by one a turn
+        hashes = [100 * family + k for k in range(full + 1)]
+        requests.append(req(i, 0.05 * i, full * BLOCK + 5, 40 + 7 * (i % 4), hashes, (full - 1) * BLOCK * (turn > 0)))
+    worker = make_worker(capacity_blocks=24)
+    pending, checks = deque(requests), 0
+    while pending or worker.step_end_s is not None:
+        t_step = worker.step_end_s if worker.step_end_s is not None else math.inf
+        if pending and pending[0].arrival_s < t_step:
+            request = pending.popleft()
+            worker.enqueue(request)
+            if worker.step_end_s is None or worker.idle_wait:
+                worker.start_step(request.arrival_s)
+            now_s = request.arrival_s
+        else:
+            worker.finish_step(t_step)
+            worker.start_step(t_step)
+            now_s = t_step
+        assert worker.snapshot(now_s).waiting_prompt_blocks == admission_blocks_recounted(worker)
+        checks += 1
+    assert worker.preemptions > 0 and worker.evicted_blocks > 0 and checks > 50
+    assert worker.snapshot(now_s).waiting_prompt_blocks == 0 and worker.pool.watched_idle_blocks == 0
 
 
 def test_recent_step_is_the_last_finished_step_not_the_running_one():
