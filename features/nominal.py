@@ -143,8 +143,24 @@ def kv_wait_s(
       they open ``n / block_size_tokens`` blocks a step, so each finish comes with
       ``mean / block_size_tokens`` blocks taken.
 
-    So ``k = ceil(deficit / (held / n − mean / block_size_tokens))`` decoders must finish. Their
-    remaining outputs are taken as independent exponentials of mean ``mean_output_tokens`` steps
+    So ``k = ceil(deficit / (held / n − mean / block_size_tokens))`` decoders must finish. The share
+    ``held / n`` stands for what a finisher releases: for exponential lengths a running decoder has
+    produced ``mean`` tokens on average (its age, ``E[L²] ÷ (2 E[L])``), as much as a finisher's whole
+    output. Where a decoder's share is below one mean output, that cannot hold: the decoders are
+    younger than the law says (outputs vary less than an exponential's, or the batch is new), and the
+    balance would free nothing, so no number of finishes would make room and the wait would be one
+    drain of the batch whatever the deficit. There the balance is taken with the finisher releasing
+    its whole output and the others' progress known: ``held / n − progress / block_size_tokens`` net
+    (the prompt part of a decoder's share), ``progress`` the decoders' mean output so far where it is
+    known (``running_output_tokens``), else their mean age ``mean × (1 + cv²) ÷ 2``. No cell of the
+    A100 grid, the held-out L40S cells or the ×0.5 / ×2 sweep reaches this case; it keeps the wait
+    growing with the deficit where one does (outputs long against the private part of the prompts).
+    The progress balance in place of ``held / n − mean / block_size_tokens`` everywhere was measured
+    and not kept: it fixed one overloaded cell (512-token answers to a shared system prompt, P99
+    53.7 → 38.8 s) and lost on the held-out L40S cells (``docs/routing-unseen-workloads.md``, "The
+    blocks a finish frees").
+
+    The decoders' remaining outputs are taken as independent exponentials of mean ``mean_output_tokens`` steps
     (output lengths are unknown to a router; the exponential is the maximum-entropy law of a
     given mean): the ``k``-th of ``n`` finishes after ``mean × (1/n + 1/(n − 1) + … + 1/(n − k +
     1))`` steps in expectation (order statistics of exponentials). The mean is the mean output
@@ -262,10 +278,14 @@ def kv_wait_batch_s(
             waits[i] = mean_steps * w.step_model.step_s(1, 0.0, 0)
             continue
         held = w.decode_context_tokens / block_size_tokens if w.held_blocks is None else float(w.held_blocks)
+        known = len(w.running_output_tokens) == n
         freed_per_finish = held / n - mean_steps / block_size_tokens
+        if freed_per_finish <= 0:
+            progress = sum(w.running_output_tokens) / n if known else mean_steps * (1.0 + output_cv2) / 2.0
+            freed_per_finish = held / n - progress / block_size_tokens
         k = math.ceil(w.deficit_blocks / freed_per_finish) if freed_per_finish > 0 else n
         later_steps = max(0, k - n) * mean_steps / n  # the finishes beyond this batch, at n ÷ mean a step
-        if len(w.running_output_tokens) == n and mean_steps > 0:
+        if known and mean_steps > 0:
             pending.append((i, min(k, n), later_steps))
         else:
             waits[i] = _wait_beyond_queue_s(w, mean_steps * (_harmonic(n) - _harmonic(max(0, n - k))) + later_steps)

@@ -209,6 +209,21 @@ def test_kv_wait_uses_the_progress_only_with_one_count_per_decoder(linear_step_m
     assert beyond == pytest.approx((-16 * math.log(0.2) + 13 * 16 / 2) * DECODE_STEP_S, rel=1e-9)
 
 
+def test_kv_wait_grows_with_the_deficit_where_a_mean_output_exceeds_a_decoders_share(linear_step_model):
+    """2 decoders, 112 context tokens (7 blocks of 16), mean output 64 with cv² 0.25, progress unknown: a
+    decoder's share, 3.5 blocks, is less than the 4 blocks a mean output opens. A running decoder has
+    produced 64 × 1.25 ÷ 2 = 40 tokens on average, so a finish frees 3.5 − 40 ÷ 16 = 1 block net (its
+    whole output is freed; the 4 blocks the other opens meanwhile are taken from it)."""
+    step_s = linear_step_model.step_s(2, 0.0, 112)
+    assert kv_wait_s(linear_step_model, 1, 2, 112, 16, 64, 0, None, (), 0.25) == pytest.approx(64 / 2 * step_s)
+    # 5 finishes: the drain (64 × (1/2 + 1) steps), then 3 more at 2 ÷ 64 a step
+    five = kv_wait_s(linear_step_model, 5, 2, 112, 16, 64, 0, None, (), 0.25)
+    assert five == pytest.approx((64 * 1.5 + 3 * 64 / 2) * step_s)
+    # exponential lengths: the mean progress is the mean, 3.5 − 4 < 0 net, so one drain whatever the deficit
+    # (the snapshot contradicts the law: decoders that hold less than their mean output)
+    assert kv_wait_s(linear_step_model, 5, 2, 112, 16, 64, 0, None, (), 1.0) == pytest.approx(64 * 1.5 * step_s)
+
+
 BATCHES = [  # (finishes, tokens produced so far): fewer decoders than groups, more, one far beyond the law
     (1, [3]),
     (2, [0, 500]),
