@@ -59,23 +59,26 @@ class _Pins:
 
     def pin(self, block_hashes: Sequence[int], delta: int) -> None:
         """``delta`` = +1: a waiting request will pin ``block_hashes``; −1: it no longer will."""
-        for h in block_hashes:
-            before = self.pinned[h]
-            self.pinned[h] = after = before + delta
-            if not self.held[h] and (before == 0) != (after == 0):
-                self.idle += 1 if after else -1
-            if not after:
-                del self.pinned[h]
+        self.idle += delta * sum(not self.held[h] for h in _first_or_last(self.pinned, block_hashes, delta))
 
     def hold(self, block_hashes: Sequence[int], delta: int) -> None:
         """``delta`` = +1: a decoding request holds ``block_hashes``; −1: it released them."""
-        for h in block_hashes:
-            before = self.held[h]
-            self.held[h] = after = before + delta
-            if self.pinned[h] and (before == 0) != (after == 0):
-                self.idle += -1 if after else 1
-            if not after:
-                del self.held[h]
+        self.idle -= delta * sum(bool(self.pinned[h]) for h in _first_or_last(self.held, block_hashes, delta))
+
+
+def _first_or_last(counts: Counter[int], block_hashes: Sequence[int], delta: int) -> list[int]:
+    """Add ``delta`` (±1) to each hash's count (a count of 0 leaves the counter); returns the hashes
+    whose count went from 0 to 1 or from 1 to 0."""
+    crossed = []
+    for h in block_hashes:
+        after = counts[h] + delta
+        if after:
+            counts[h] = after
+        else:
+            del counts[h]
+        if after == (1 if delta > 0 else 0):
+            crossed.append(h)
+    return crossed
 
 
 class SentLoad:
