@@ -19,6 +19,7 @@ from kvcost.replay.bench_report import hardware_text
 from kvcost.replay.runner import bench_policies, execute_bench, parse_rate_scales
 from kvcost.replay.sensitivity import execute_sensitivity, sensitivity_traces
 from kvcost.replay.settings import ReplaySettings
+from kvcost.routing.policies import check_policy_params
 
 
 @with_settings(BENCH)
@@ -72,6 +73,8 @@ def bench(
         check_trace_name(settings.trace)
         hardware = BenchHardware(gpu, settings.model, settings.tensor_parallel)
         names = bench_policies([p.strip() for p in policies.split(",")] if policies is not None else None)
+        for name in names:
+            check_policy_params(name, settings.policy_params)
         return size_list, names, given, hardware
 
     size_list, names, given, hardware = guard(parse)
@@ -83,6 +86,7 @@ def bench(
         "replays": replays,
         "eviction_policy": settings.eviction_policy,
         "hardware": hardware,
+        "policy_params": settings.policy_params,
     }
     if sensitivity:
         _sensitivity(settings, options)

@@ -9,13 +9,13 @@ import typer
 from kvcost.cli.common import MlflowOpt, guard
 from kvcost.cli.options import with_settings
 from kvcost.cli.summary import prepare_spec, run_arms
-from kvcost.cli.tables import REPLAY
+from kvcost.cli.tables import EXPERIMENT
 from kvcost.replay.online import OnlineSettings
 from kvcost.replay.runner import LearnedSetup, experiment_arms
 from kvcost.replay.settings import ReplaySettings
 
 
-@with_settings(REPLAY)
+@with_settings(EXPERIMENT)
 def experiment(
     settings: ReplaySettings,
     learned: Annotated[

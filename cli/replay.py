@@ -13,7 +13,7 @@ from kvcost.cli.summary import prepare_spec, run_arms
 from kvcost.cli.tables import REPLAY
 from kvcost.replay.experiment import Configuration
 from kvcost.replay.settings import ReplaySettings
-from kvcost.routing.policies import ROUTER_POLICIES
+from kvcost.routing.policies import ROUTER_POLICIES, check_policy_params
 
 
 class CacheSwitch(StrEnum):
@@ -35,6 +35,7 @@ def replay(
     def check_policy() -> None:
         if policy not in ROUTER_POLICIES:
             raise ValueError(f"policy = {policy!r}, expected one of {', '.join(ROUTER_POLICIES.names())}")
+        check_policy_params(policy, settings.policy_params)
 
     guard(check_policy)
     spec = prepare_spec(settings)

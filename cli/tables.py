@@ -6,16 +6,20 @@ from kvcost.cli.options import SettingsTable
 from kvcost.replay.settings import ReplaySettings
 from kvcost.serving.settings import ServiceSettings
 
-#: ``kvcost experiment`` and ``kvcost replay``: every replay setting.
+#: ``kvcost replay``: every replay setting.
 REPLAY = SettingsTable(ReplaySettings)
+#: ``kvcost experiment``: every replay setting but the policy's parameters (its arms run several policies).
+EXPERIMENT = SettingsTable(ReplaySettings, exclude=("policy_param",))
 #: ``kvcost bench``: the trace, seed, the workers' eviction policy, model and tensor-parallel degree (``--gpu`` is
 #: the bench's own option) and output folder (the grid fixes sizes and loads).
 BENCH = SettingsTable(
     ReplaySettings,
-    include=("trace", "seed", "eviction_policy", "model", "tensor_parallel", "out"),
+    include=("trace", "seed", "eviction_policy", "model", "tensor_parallel", "policy_param", "out"),
     helps={
         "out": "Output folder (default runs/bench-<UTC timestamp>; with --sensitivity "
-        "runs/sensitivity-<UTC timestamp>)."
+        "runs/sensitivity-<UTC timestamp>).",
+        "policy_param": "A keyword parameter of every benched policy, NAME=VALUE (repeatable): e.g. "
+        "duplicate_price_weight=0 with --policies cost_aware.",
     },
 )
 #: ``kvcost eviction-study``: the trace window, load, seed and output folder (the study fixes the cluster).

@@ -137,6 +137,7 @@ class BenchCell:
     rate_scale: float
     eviction_policy: str = "lru"
     hardware: BenchHardware = DEFAULT_HARDWARE
+    policy_params: tuple[tuple[str, float], ...] = ()
 
 
 def rate_scales(workers: int) -> dict[str, float]:
@@ -152,11 +153,13 @@ def bench_cells(
     scales: dict[int, dict[str, float]] | None = None,
     eviction_policy: str = "lru",
     hardware: BenchHardware = DEFAULT_HARDWARE,
+    policy_params: tuple[tuple[str, float], ...] = (),
 ) -> list[BenchCell]:
     """The grid, size-major then load then policy; ``scales`` (workers → load → rate scale)
-    defaults to :func:`rate_scales`; every cell's workers evict by ``eviction_policy`` and are ``hardware``."""
+    defaults to :func:`rate_scales`; every cell's workers evict by ``eviction_policy`` and are ``hardware``,
+    and its policy routes with ``policy_params`` (``RouterSettings.policy_params``)."""
     return [
-        BenchCell(policy, load, workers, scale, eviction_policy, hardware)
+        BenchCell(policy, load, workers, scale, eviction_policy, hardware, policy_params)
         for workers in sizes
         for load, scale in (scales[workers] if scales else rate_scales(workers)).items()
         for policy in policies
@@ -395,7 +398,10 @@ def _replay_row(
     cell: BenchCell, trace: str, duration_s: float | None, seed: int, keep_samples: bool, rate_scale: float
 ) -> dict:
     config = cell.hardware.cluster(
-        cell.workers, seed=seed, router=RouterSettings(policy=cell.policy), eviction_policy=cell.eviction_policy
+        cell.workers,
+        seed=seed,
+        router=RouterSettings(policy=cell.policy, policy_params=cell.policy_params),
+        eviction_policy=cell.eviction_policy,
     )
     online = OnlineSettings(retrain_every_s=ONLINE_RETRAIN_S) if ROUTER_POLICIES.get(cell.policy).learned else None
     result = replay(_trace(trace, rate_scale, duration_s, seed), config, online=online)

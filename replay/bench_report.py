@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 from kvcost.core.reporting import markdown_table, write_json
@@ -57,7 +58,8 @@ def write_bench_md(path: Path, header: dict, rows: list[dict], plots: list[str])
         parts += _replay_spread(group)
     parts += [
         f"Set-up: {header['trace']}, window {header['window']}, seed {header['seed']}, prefix cache on "
-        f"(the workers evict by `{header.get('eviction_policy', 'lru')}`), {hardware_text(header)}. "
+        f"(the workers evict by `{header.get('eviction_policy', 'lru')}`), {hardware_text(header)}"
+        f"{_params_text(header)}. "
         "Utilisation is the share of time a worker had a request "
         "waiting for its first token. The best baseline is the lowest P99 of the anchor routers that ran, of "
         "the nine (not kvcost's own policies, `least_loaded` or `round_robin`)." + _replays_note(header),
@@ -74,6 +76,17 @@ def hardware_text(header: dict) -> str:
     hardware = header.get("hardware", {"gpu": "a100", "model": "llama-3-8b", "tensor_parallel": 1})
     tp = f", tensor parallel {hardware['tensor_parallel']}" if hardware["tensor_parallel"] > 1 else ""
     return f"{hardware['gpu']} workers serving {hardware['model']}{tp}"
+
+
+def policy_params_text(params: Iterable[tuple[str, float]]) -> str:
+    """``"duplicate_price_weight=0, …"`` of a policy's parameters (``RouterSettings.policy_params``); empty for none."""
+    return ", ".join(f"{name}={value:g}" for name, value in params)
+
+
+def _params_text(header: dict) -> str:
+    """``", every policy with duplicate_price_weight=0"`` where the bench set policy parameters, else empty."""
+    text = policy_params_text((header.get("policy_params") or {}).items())
+    return f", every policy with {text}" if text else ""
 
 
 def _replays_note(header: dict) -> str:

@@ -44,7 +44,13 @@ from kvcost.replay.bench import (
     rate_scales,
     run_bench,
 )
-from kvcost.replay.bench_report import line_styles, marker_styles, write_bench_json, write_bench_md
+from kvcost.replay.bench_report import (
+    line_styles,
+    marker_styles,
+    policy_params_text,
+    write_bench_json,
+    write_bench_md,
+)
 from kvcost.replay.config import ClusterConfig, parse_fleet, parse_slowdown, profile_names
 from kvcost.replay.experiment import CONFIGURATIONS, LEARNED_ARM, Configuration, configure, replay, study_summary
 from kvcost.replay.metrics import infinite_cache_hit_ratio, p99_by_window, physical_limit_ttft_p99_s
@@ -83,6 +89,7 @@ def prepare(
     count_in_flight: bool = True,
     count_promise_survival: bool = True,
     max_share_over_mean: float = math.inf,
+    policy_params: tuple[tuple[str, float], ...] = (),
     **cluster,
 ) -> RunSpec:
     """Load the trace and build the cluster configuration; check outputs can be written.
@@ -97,8 +104,8 @@ def prepare(
         skip_bad_lines: skip malformed trace lines instead of failing.
         out: output folder (None: ``runs/<UTC timestamp>``).
         db: DuckDB log path.
-        count_in_flight, count_promise_survival, max_share_over_mean: the router's settings of the same names
-            (:class:`~kvcost.routing.router.RouterSettings`), for every arm.
+        count_in_flight, count_promise_survival, max_share_over_mean, policy_params: the router's settings of
+            the same names (:class:`~kvcost.routing.router.RouterSettings`), for every arm.
         **cluster: further :class:`ClusterConfig` fields (model, token_budget, seed, warmup_s ...).
 
     Raises:
@@ -119,6 +126,7 @@ def prepare(
             count_in_flight=count_in_flight,
             count_promise_survival=count_promise_survival,
             max_share_over_mean=max_share_over_mean,
+            policy_params=policy_params,
         ),
         **cluster,
     )
@@ -335,7 +343,7 @@ def _router_line(router: RouterSettings) -> str:
     return (
         f"router (cost-aware arms): in-flight prefixes counted: {'yes' if router.count_in_flight else 'no'}; "
         f"queued work net of the reuse expected to survive: {'yes' if router.count_promise_survival else 'no'}; "
-        f"hot-spot skew limit: {skew}"
+        f"hot-spot skew limit: {skew}; policy parameters: {policy_params_text(router.policy_params) or 'defaults'}"
     )
 
 
@@ -375,11 +383,14 @@ def execute_bench(
     replays: int = 1,
     eviction_policy: str = "lru",
     hardware: BenchHardware = DEFAULT_HARDWARE,
+    policy_params: tuple[tuple[str, float], ...] = (),
 ) -> dict:
     """Run the benchmark grid and write ``bench.json``, ``bench.md`` and plots into ``out``.
 
     Every cell's workers, and the calibration's, evict by ``eviction_policy`` and are ``hardware``
-    (GPU, model, tensor-parallel degree); the header records both.
+    (GPU, model, tensor-parallel degree); the header records both. Every benched policy routes with
+    ``policy_params`` (``RouterSettings.policy_params``; each policy must take them), the calibration's
+    ``least_loaded`` with none; the header records them.
 
     Each cell is replayed ``replays`` times at nearby rate scales and reported by its median-P99
     replay (:func:`kvcost.replay.bench.run_cell`); the header records ``replays``.
@@ -409,7 +420,7 @@ def execute_bench(
         calibrate_levels = not constants and given_scales is None
     found = calibrate(trace, sizes, duration_s, seed, jobs, eviction_policy, hardware) if calibrate_levels else None
     scales = {w: {k: c.rate_scale for k, c in found[w].items()} for w in sizes} if found else given_scales
-    cells = bench_cells(policies, sizes, scales, eviction_policy, hardware)
+    cells = bench_cells(policies, sizes, scales, eviction_policy, hardware, policy_params)
     queue_cell = (min(sizes), "80%")
     rows = run_bench(
         cells, trace, duration_s, seed, jobs, lambda c: (c.workers, c.load) == queue_cell, progress, replays
@@ -423,6 +434,7 @@ def execute_bench(
         "replays": replays,
         "eviction_policy": eviction_policy,
         "hardware": asdict(hardware),
+        "policy_params": dict(policy_params),
         "window": window,
         "sizes": list(sizes),
         "load_levels": {str(w): scales[w] if scales else rate_scales(w) for w in sizes},

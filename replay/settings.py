@@ -117,6 +117,11 @@ class ReplaySettings(BaseModel):
         description="Hot-spot skew limit: exclude a worker over (1 + this) / workers of the recent routed "
         "tokens (inf = off).",
     )
+    policy_param: list[str] = Field(
+        default_factory=list,
+        description="A keyword parameter of the routing policy, NAME=VALUE (repeatable): e.g. "
+        "duplicate_price_weight=0 ranks cost_aware without its duplicate price.",
+    )
     skip_bad_lines: bool = Field(False, description="Skip malformed trace lines and report how many.")
     out: Path | None = Field(
         None,
@@ -132,10 +137,50 @@ class ReplaySettings(BaseModel):
             raise ValueError(f"expected one of {', '.join(EVICTION_POLICIES.names())}")
         return value
 
+    @field_validator("policy_param")
+    @classmethod
+    def _name_value_pairs(cls, value: list[str]) -> list[str]:
+        """Every entry NAME=VALUE with a number (:func:`parse_policy_params`), checked before any replay."""
+        parse_policy_params(value)
+        return value
+
+    @property
+    def policy_params(self) -> tuple[tuple[str, float], ...]:
+        """``policy_param`` as ``(name, value)`` pairs (``RouterSettings.policy_params``)."""
+        return parse_policy_params(self.policy_param)
+
     def prepare_arguments(self) -> dict[str, object]:
         """Keyword arguments of :func:`kvcost.replay.runner.prepare` (``slowdown`` → ``slowdowns``,
-        ``profile`` → ``profiles``, a tuple of path strings)."""
+        ``profile`` → ``profiles``, a tuple of path strings, ``policy_param`` → ``policy_params``, pairs)."""
         arguments = self.model_dump()
         arguments["slowdowns"] = tuple(arguments.pop("slowdown"))
         arguments["profiles"] = tuple(str(p) for p in arguments.pop("profile"))
+        arguments.pop("policy_param")
+        arguments["policy_params"] = self.policy_params
         return arguments
+
+
+def parse_policy_params(entries: list[str]) -> tuple[tuple[str, float], ...]:
+    """``NAME=VALUE`` strings as ``(name, value)`` pairs, in order, e.g. ``["duplicate_price_weight=0"]`` →
+    ``(("duplicate_price_weight", 0.0),)``. Whether the policy takes them is checked with the policy
+    (:func:`~kvcost.routing.policies.check_policy_params`).
+
+    Raises:
+        ValueError: an entry without ``=``, with an empty name, a value that is not a number, or a name
+            given twice.
+    """
+    pairs: list[tuple[str, float]] = []
+    for entry in entries:
+        name, sep, text = entry.partition("=")
+        name = name.strip()
+        try:
+            value = float(text) if sep and name else math.nan
+        except ValueError:
+            value = math.nan
+        if math.isnan(value):
+            expected = "NAME=VALUE with a number, e.g. duplicate_price_weight=0"
+            raise ValueError(f"policy_param = {entry!r}, expected {expected}")
+        if name in dict(pairs):
+            raise ValueError(f"policy_param {name!r} given twice, expected each parameter once")
+        pairs.append((name, value))
+    return tuple(pairs)

@@ -35,7 +35,7 @@ from kvcost.features.nominal import NominalCosts
 from kvcost.models.term_set import TermModelSet
 from kvcost.routing.compatibility import conversion_factor, serves
 from kvcost.routing.directory import CacheDirectory
-from kvcost.routing.policies import PolicyContext, make_policy
+from kvcost.routing.policies import PolicyContext, check_policy_params, make_policy
 from kvcost.routing.promise_survival import expected_reuse_tokens
 from kvcost.routing.routed_index import InFlightPrefixes
 from kvcost.routing.skew import keep_prefix_holders
@@ -99,6 +99,10 @@ class RouterSettings:
             first token reaches the gateway, and in between neither index held them (``make e2e``: a
             request in the run's first second hit a block both missed; a second salted request sent
             right after the first found the directory empty while it ingested the run's events).
+        policy_params: keyword parameters of the policy, ``(name, value)`` pairs, e.g.
+            ``(("duplicate_price_weight", 0.0),)`` to rank ``cost_aware`` without its duplicate price
+            (the ablations of ``docs/routing-unseen-workloads.md``). Empty by default: every policy's
+            own defaults. Each name must be a keyword parameter of ``policy`` (checked here).
         overdue_bounds_are_misses: a routed request that has waited past its served P90 bound
             with no outcome counts as a miss of the bounds' conformal factor at the next decision
             (:class:`~kvcost.calibration.adaptive_conformal.ServedBounds`), not only when its first
@@ -118,8 +122,11 @@ class RouterSettings:
     in_flight_min_ttl_s: float = 0.0
     in_flight_release_grace_s: float = 0.0
     overdue_bounds_are_misses: bool = True
+    policy_params: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
+        if self.policy_params:
+            check_policy_params(self.policy, self.policy_params)
         for name in ("in_flight_min_ttl_s", "in_flight_release_grace_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} = {getattr(self, name)}, expected a number ≥ 0")
@@ -220,7 +227,7 @@ class Router:
         self.directory = directory
         self.step_models = dict(step_models)
         self.settings = settings
-        self.policy = make_policy(settings.policy)
+        self.policy = make_policy(settings.policy, **dict(settings.policy_params))
         self.fallbacks = 0
         self.cost_model = TermModelSet.analytic()
         self.set_cost_model(cost_model)

@@ -25,6 +25,7 @@ from kvcost.routing.policies.base import (
     RouterPolicy,
     TruthFn,
     argmin_stable,
+    check_policy_params,
     make_policy,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "RouterPolicy",
     "TruthFn",
     "argmin_stable",
+    "check_policy_params",
     "make_policy",
 ]

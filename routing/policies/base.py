@@ -14,7 +14,8 @@ decisions (``on_outcome``, ``fit_own_model``: ``llmd_predicted_latency``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -163,3 +164,29 @@ def make_policy(name: str, seed: int = DEFAULT_SEED, **params) -> RouterPolicy:
         TypeError: a parameter the policy does not take.
     """
     return ROUTER_POLICIES.get(name)(seed=seed, **params)
+
+
+def check_policy_params(name: str, params: Sequence[tuple[str, float]]) -> None:
+    """Check ``params``, ``(parameter, number)`` pairs, as keyword parameters of the policy registered as ``name``.
+
+    Each parameter must be one the policy's constructor takes (besides ``seed``) and its value one the
+    policy accepts (the policy's own checks run: a price weight must be ≥ 0, ...). An unknown ``name``
+    is not checked here: :func:`make_policy` raises for it, listing the registered names.
+
+    Raises:
+        ValueError: an entry that is not a ``(str, number)`` pair, a parameter the policy does not take
+            (the message lists those it takes), or a value the policy refuses.
+    """
+    for pair in params:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise ValueError(f"policy_params entry {pair!r}, expected a (name, value) pair")
+        if isinstance(pair[1], bool) or not isinstance(pair[1], int | float):
+            raise ValueError(f"policy_params {pair[0]} = {pair[1]!r}, expected a number")
+    if name not in ROUTER_POLICIES:
+        return
+    taken = sorted(set(inspect.signature(ROUTER_POLICIES.get(name)).parameters) - {"seed"})
+    for parameter, _ in params:
+        if parameter not in taken:
+            expected = ", ".join(taken) or "none"
+            raise ValueError(f"policy_params name {parameter!r}, expected a parameter of policy {name!r}: {expected}")
+    make_policy(name, **dict(params))

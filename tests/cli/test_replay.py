@@ -54,11 +54,12 @@ def test_cluster_options_reach_the_simulation(tmp_path):
 
 def test_the_reports_set_up_names_the_routers_toggles(tmp_path):
     off = ["--no-count-in-flight", "--no-count-promise-survival", "--max-share-over-mean", "0.5"]
-    _summary(tmp_path, "off", *off)
+    _summary(tmp_path, "off", *off, "--policy-param", "duplicate_price_weight=0", "--policy-param", "hold_tokens=64")
     report = (tmp_path / "off" / "report.md").read_text()
     assert (
         "- router (cost-aware arms): in-flight prefixes counted: no; queued work net of the reuse expected to "
-        "survive: no; hot-spot skew limit: 0.5 over the mean share\n" in report
+        "survive: no; hot-spot skew limit: 0.5 over the mean share; policy parameters: duplicate_price_weight=0, "
+        "hold_tokens=64\n" in report
     )
 
 
@@ -84,6 +85,11 @@ def test_the_workers_evict_by_the_asked_policy(tmp_path):
         ),
         (["--model", "gpt-4"], "model = 'gpt-4', expected one of llama-2-70b"),
         (["--gpu-memory-utilization", "1.5"], "error: --gpu-memory-utilization = 1.5"),
+        (["--policy-param", "hold_tokens"], "error: --policy-param = ['hold_tokens'], policy_param = 'hold_tokens'"),
+        (
+            ["--policy", "least_loaded", "--policy-param", "hold_tokens=1"],
+            "error: policy_params name 'hold_tokens', expected a parameter of policy 'least_loaded': none",
+        ),
         (
             ["--eviction-policy", "fifo"],
             "error: --eviction-policy = 'fifo', expected one of clairvoyant, cost_aware, flop_aware, gdsf, lfu, lhd",

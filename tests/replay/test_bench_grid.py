@@ -33,6 +33,9 @@ def test_grid_order_is_size_load_policy():
     assert len(cells) == 6
     assert {c.eviction_policy for c in cells} == {"lru"}
     assert {c.eviction_policy for c in bench_cells(["a"], [4], eviction_policy="gdsf")} == {"gdsf"}
+    assert {c.policy_params for c in cells} == {()}
+    params = (("duplicate_price_weight", 0.0),)
+    assert {c.policy_params for c in bench_cells(["a"], [4], policy_params=params)} == {params}
 
 
 def _row(policy, p99, hit=0.05, share=0.3, workers=4, load="80%"):
@@ -212,6 +215,10 @@ def test_bench_hardware_refuses_what_no_worker_can_be_by_name():
         (["--policies", ""], "policies = '', expected comma-separated router policies"),
         (["--gpu", "tpu"], "--gpu = 'tpu', expected one of a100,"),
         (["--model", "llama-3-70b"], "--model = 'llama-3-70b' leaves no KV capacity on a100"),
+        (
+            ["--policies", "cost_aware,least_loaded", "--policy-param", "hold_tokens=1"],
+            "policy_params name 'hold_tokens', expected a parameter of policy 'least_loaded': none",
+        ),
     ],
 )
 def test_bench_rejects_bad_sizes_policies_and_hardware(tmp_path, args, message):
@@ -233,3 +240,27 @@ def test_bench_replays_each_cell_and_lists_every_p99(tmp_path):
     assert "median P99 of 2 nearby replays" in report and report.count("P99 over the nearby replays (s): ") == 3
     bad = CliRunner().invoke(app, [*args[:-1], "0", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "--replays" in bad.output
+
+
+def test_a_bench_cell_routes_with_the_policy_params_and_the_report_names_them(monkeypatch, tmp_path):
+    seen = []
+
+    def recording_replay(trace, config, **kwargs):
+        seen.append((config.router.policy, config.router.policy_params))
+        return real_replay(trace, config, **kwargs)
+
+    real_replay = bench.replay
+    monkeypatch.setattr(bench, "replay", recording_replay)
+    params = (("duplicate_price_weight", 0.0),)
+    cell = BenchCell("cost_aware", "60%", 2, 0.5, policy_params=params)
+    bench.run_cell(cell, "mooncake-conversation", 20.0, 0, False)
+    assert seen == [("cost_aware", params)]
+    args = ["bench", "--quick", "--sizes", "2", "--policies", "cost_aware", "--jobs", "1"]
+    args += ["--rate-scales", "2=0.2,0.3,0.4"]
+    result = CliRunner().invoke(app, [*args, "--policy-param", "duplicate_price_weight=0", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "bench.json").read_text())["policy_params"] == {"duplicate_price_weight": 0.0}
+    assert (
+        "a100 workers serving llama-3-8b, every policy with duplicate_price_weight=0. "
+        in (tmp_path / "bench.md").read_text()
+    )

@@ -255,6 +255,17 @@ def test_settings_validation_names_field_and_value(field, value, message):
     assert str(err.value) == message
 
 
+def test_the_router_builds_its_policy_with_the_settings_policy_params(make_router):
+    router = make_router(policy_params=(("duplicate_price_weight", 0.0), ("hold_tokens", 32.0)))
+    assert (router.policy.duplicate_price_weight, router.policy.hold_tokens, router.policy.memory_price_weight) == (
+        0.0,
+        32.0,
+        1.0,
+    )
+    with pytest.raises(ValueError, match="name 'hold_tokens', expected a parameter of policy 'dynamo_kv': "):
+        RouterSettings(policy="dynamo_kv", policy_params=(("hold_tokens", 32.0),))
+
+
 def test_unknown_policy_in_settings(make_router):
     with pytest.raises(KeyError, match="unknown router policy 'fastest'"):
         make_router(policy="fastest")

@@ -9,7 +9,7 @@ import pytest
 from kvcost.replay.config import ClusterConfig
 from kvcost.replay.simulator import ClusterSimulator
 from kvcost.routing.directory import CacheDirectory
-from kvcost.routing.policies import DEFAULT_SEED, ROUTER_POLICIES, RouterPolicy, make_policy
+from kvcost.routing.policies import DEFAULT_SEED, ROUTER_POLICIES, RouterPolicy, check_policy_params, make_policy
 from kvcost.routing.policies.basic import LeastLoadedPolicy
 from kvcost.routing.router import Router, RouterSettings
 from tests.replay.test_simulator import busy_trace
@@ -50,6 +50,33 @@ def test_make_policy_passes_the_seed_and_the_policys_own_parameters():
     assert make_policy("dynamo_kv", 5)._rng.integers(1 << 30) == np.random.default_rng(5).integers(1 << 30)
     with pytest.raises(TypeError, match="window_s"):
         make_policy("cost_aware", window_s=1.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        (
+            "cost_aware",
+            (("window_s", 1.0),),
+            "policy_params name 'window_s', expected a parameter of policy 'cost_aware': arrival_price_weight, "
+            "duplicate_price_weight, hold_tokens, memory_price_weight",
+        ),
+        ("least_loaded", (("duplicate_price_weight", 0.0),), "expected a parameter of policy 'least_loaded': none"),
+        ("cost_aware", (("memory_price_weight", -1.0),), "memory_price_weight = -1.0, expected a number ≥ 0"),
+        ("cost_aware", (("memory_price_weight", "0"),), "policy_params memory_price_weight = '0', expected a number"),
+        ("cost_aware", (("memory_price_weight", True),), "memory_price_weight = True, expected a number"),
+        ("cost_aware", ("memory_price_weight",), "policy_params entry 'memory_price_weight', expected a (name, value)"),
+    ],
+)
+def test_policy_params_must_be_numbers_the_policy_takes_and_accepts(name, params, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_policy_params(name, params)
+
+
+def test_good_policy_params_and_an_unknown_policy_pass_the_check():
+    check_policy_params("learned_cost_aware", (("duplicate_price_weight", 0), ("hold_tokens", 64.0)))
+    check_policy_params("preble_e2", (("kv_capacity_blocks", 100),))
+    check_policy_params("nope", (("x", 1.0),))  # make_policy raises for the name, listing the known ones
 
 
 def test_make_policy_with_an_unknown_name_names_the_known_ones():
