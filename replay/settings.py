@@ -169,18 +169,18 @@ def parse_policy_params(entries: list[str]) -> tuple[tuple[str, float], ...]:
         ValueError: an entry without ``=``, with an empty name, a value that is not a number, or a name
             given twice.
     """
-    pairs: list[tuple[str, float]] = []
+    params: dict[str, float] = {}
     for entry in entries:
-        name, sep, text = entry.partition("=")
+        name, _, text = entry.partition("=")
         name = name.strip()
         try:
-            value = float(text) if sep and name else math.nan
+            value = float(text)
         except ValueError:
             value = math.nan
-        if math.isnan(value):
+        if not name or math.isnan(value):
             expected = "NAME=VALUE with a number, e.g. duplicate_price_weight=0"
             raise ValueError(f"policy_param = {entry!r}, expected {expected}")
-        if name in dict(pairs):
+        if name in params:
             raise ValueError(f"policy_param {name!r} given twice, expected each parameter once")
-        pairs.append((name, value))
-    return tuple(pairs)
+        params[name] = value
+    return tuple(params.items())
