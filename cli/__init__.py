@@ -19,7 +19,7 @@ import typer
 
 from kvcost.cli.bench import bench
 from kvcost.cli.cost import cost
-from kvcost.cli.eviction_study import eviction_study
+from kvcost.cli.eviction_study import eviction_study, eviction_summary
 from kvcost.cli.experiment import experiment
 from kvcost.cli.models import models_app
 from kvcost.cli.options import OneLineErrorsGroup
@@ -44,6 +44,7 @@ app.command()(experiment)
 app.command("replay")(replay)
 app.command()(bench)
 app.command("eviction-study")(eviction_study)
+app.command("eviction-summary")(eviction_summary)
 app.command()(train)
 app.command()(retrain)
 app.add_typer(models_app, name="models")

@@ -1,7 +1,9 @@
-"""``kvcost eviction-study``: every eviction policy at several what-if cache sizes."""
+"""``kvcost eviction-study``: every eviction policy at several what-if cache sizes; ``kvcost eviction-summary``:
+one policy against the best of a set over several studies."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -12,6 +14,7 @@ from rich.progress import Progress
 from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, print_table
 from kvcost.cli.options import with_settings
 from kvcost.cli.tables import EVICTION_STUDY
+from kvcost.replay.eviction_summary import DEFAULT_AGAINST, DEFAULT_TOLERANCE
 from kvcost.replay.settings import DEFAULT_REFIT_EVERY_S, ReplaySettings
 
 
@@ -86,3 +89,46 @@ def eviction_study(
     if result["headroom"]:
         console.print(headroom_lines(result["headroom"]))
     console.print(f"report: {folder / 'eviction.md'} ({result['wall_s']:.0f} s)")
+
+
+def eviction_summary(
+    runs: Annotated[
+        list[Path], typer.Argument(help="Folders (or eviction.json files) of `kvcost eviction-study` runs.")
+    ],
+    policy: Annotated[str, typer.Option(help="The policy summarised.")] = "cost_aware",
+    against: Annotated[
+        str, typer.Option(help="Comma-separated policies whose best it is measured against.")
+    ] = ",".join(DEFAULT_AGAINST),
+    groups: Annotated[
+        str, typer.Option(help="Groups of cache fractions, ';' between groups, ',' within: figures per group.")
+    ] = "0.05,0.1;0.25,0.5",
+    tolerance: Annotated[float, typer.Option(help="A cell is 'within' the best when its gain is ≥ −this.")] = (
+        DEFAULT_TOLERANCE
+    ),
+) -> None:
+    """One eviction policy against the best of a set over several studies: per cell, and per group of cache sizes."""
+    from kvcost.replay.eviction_summary import group_figures, load_study, parse_groups, summary_cells
+
+    names = tuple(p.strip() for p in against.split(",") if p.strip())
+    studies = [guard(lambda run=run: load_study(run)) for run in runs]
+    cells = guard(lambda: summary_cells(studies, policy, names))
+    figures = guard(lambda: group_figures(cells, parse_groups(groups), tolerance))
+    header = ["trace", "seed", "cache", "best other (s)", f"{policy} (s)", "÷ best − 1", "clairvoyant ÷ best − 1"]
+    rows = [
+        [
+            c.trace,
+            str(c.seed),
+            f"{c.cache_fraction:g}",
+            f"{c.best_other} {c.best_other_s:.1f}",
+            f"{c.policy_s:.1f}",
+            f"{c.gain:+.1%}",
+            "–" if math.isnan(c.clairvoyant_gain) else f"{c.clairvoyant_gain:+.1%}",
+        ]
+        for c in cells
+    ]
+    print_table(header, rows, f"kvcost eviction summary — {policy} against the best of {', '.join(names)}", labels=3)
+    for g in figures:
+        console.print(
+            f"cache {'/'.join(f'{f:g}' for f in g.fractions)}: {g.cells} cells, mean {policy} ÷ best − 1 "
+            f"{g.mean_gain:+.2%}, {g.at_or_above} at or above the best, {g.within} within {tolerance:.0%}"
+        )
