@@ -87,7 +87,9 @@ def load_study(path: Path) -> dict:
     return study
 
 
-def summary_cells(studies: Sequence[dict], policy: str = "cost_aware", against: Sequence[str] = DEFAULT_AGAINST):
+def summary_cells(
+    studies: Sequence[dict], policy: str = "cost_aware", against: Sequence[str] = DEFAULT_AGAINST
+) -> list[SummaryCell]:
     """:class:`SummaryCell` per trace × seed × cache fraction of ``studies``, in the order given, fractions ascending.
 
     A fraction where ``policy`` or every policy of ``against`` is missing is skipped.
