@@ -14,7 +14,14 @@ from rich.progress import Progress
 from kvcost.cli.common import PROGRESS_COLUMNS, console, guard, print_table
 from kvcost.cli.options import with_settings
 from kvcost.cli.tables import EVICTION_STUDY
-from kvcost.replay.eviction_summary import DEFAULT_AGAINST, DEFAULT_TOLERANCE
+from kvcost.replay.eviction_summary import (
+    DEFAULT_AGAINST,
+    DEFAULT_TOLERANCE,
+    group_figures,
+    load_study,
+    parse_groups,
+    summary_cells,
+)
 from kvcost.replay.settings import DEFAULT_REFIT_EVERY_S, ReplaySettings
 
 
@@ -107,8 +114,6 @@ def eviction_summary(
     ),
 ) -> None:
     """One eviction policy against the best of a set over several studies: per cell, and per group of cache sizes."""
-    from kvcost.replay.eviction_summary import group_figures, load_study, parse_groups, summary_cells
-
     names = tuple(p.strip() for p in against.split(",") if p.strip())
     studies = [guard(lambda run=run: load_study(run)) for run in runs]
     cells = guard(lambda: summary_cells(studies, policy, names))
@@ -121,8 +126,8 @@ def eviction_summary(
             f"{c.cache_fraction:g}",
             f"{c.best_other} {c.best_other_s:.1f}",
             f"{c.policy_s:.1f}",
-            f"{c.gain:+.1%}",
-            "–" if math.isnan(c.clairvoyant_gain) else f"{c.clairvoyant_gain:+.1%}",
+            _percent(c.gain),
+            _percent(c.clairvoyant_gain),
         ]
         for c in cells
     ]
@@ -130,5 +135,11 @@ def eviction_summary(
     for g in figures:
         console.print(
             f"cache {'/'.join(f'{f:g}' for f in g.fractions)}: {g.cells} cells, mean {policy} ÷ best − 1 "
-            f"{g.mean_gain:+.2%}, {g.at_or_above} at or above the best, {g.within} within {tolerance:.0%}"
+            f"{_percent(g.mean_gain, 2)}, {g.at_or_above} at or above the best, {g.within} within {tolerance:.0%}"
         )
+
+
+def _percent(gain: float, digits: int = 1) -> str:
+    """``+1.2%`` (``digits`` decimals), or ``–`` for a gain that does not exist (NaN: no reference run, a best that
+    saved nothing, or a group without a cell)."""
+    return "–" if math.isnan(gain) else f"{gain:+.{digits}%}"

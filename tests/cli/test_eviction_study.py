@@ -38,3 +38,11 @@ def test_eviction_summary_refuses_a_folder_without_a_study(tmp_path):
     result = runner.invoke(app, ["eviction-summary", str(tmp_path)])
     assert result.exit_code == 2
     assert f"error: {tmp_path}/eviction.json: no such file, expected the eviction.json of a" in result.output
+
+
+def test_eviction_summary_prints_a_dash_for_a_gain_that_does_not_exist(tmp_path):
+    a = _write(tmp_path / "a", "conv", 0, {0.05: {"lru": 0.0, "cost_aware": 3.0}})
+    result = runner.invoke(app, ["eviction-summary", a], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    assert "lru 0.0" in result.output and "nan" not in result.output
+    assert "cache 0.05/0.1: 0 cells, mean cost_aware ÷ best − 1 –, 0 at or above the best" in result.output
