@@ -105,7 +105,7 @@ class OutputLengthEstimate:
     @property
     def squared_cv(self) -> float:
         """Variance ÷ mean² of the output lengths, the law of a decoder's remaining output in the
-        KV-wait estimate (:func:`~kvcost.features.nominal.finish_steps`); 1 (exponential) when the
+        KV-wait estimate (:func:`~kvcost.features.finish_times.finish_steps`); 1 (exponential) when the
         mean is 0, else clipped to [10⁻⁶, 10⁶] so that it stays a valid gamma shape."""
         mean = self.mean_tokens
         if mean <= 0:

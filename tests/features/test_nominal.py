@@ -11,8 +11,6 @@ import pytest
 from kvcost.features.nominal import (
     KvWaitInputs,
     NominalCosts,
-    finish_steps,
-    finish_steps_batch,
     kv_wait_batch_s,
     kv_wait_s,
     queue_and_prefill_s,
@@ -144,6 +142,19 @@ def test_kv_wait_with_nothing_decoding_is_one_mean_decode_lifetime(linear_step_m
     assert kv_wait_s(linear_step_model, 3, 0, 0, 16, 100, 0) == pytest.approx(100 * 0.001001, abs=1e-12)
 
 
+def test_kv_wait_with_nothing_decoding_turns_the_held_memory_over(linear_step_model):
+    """Nothing decoding, 12 blocks held by requests in prefill, mean output 32 (2 blocks of 16), 2 full
+    steps of prefill queued (16,384 tokens): a lifetime frees 12 − 2 = 10 blocks net; each step is one
+    decode step over the 192 held tokens, 1 µs + 192 µs + 1 ms."""
+    step_s = 0.001193
+    # 30 blocks missing: 3 lifetimes, 96 steps, less the 2 of the compute queue
+    assert kv_wait_s(linear_step_model, 30, 0, 0, 16, 32, 16384, 12) == pytest.approx(94 * step_s, abs=1e-12)
+    # 5 missing: the first lifetime frees them
+    assert kv_wait_s(linear_step_model, 5, 0, 0, 16, 32, 16384, 12) == pytest.approx(30 * step_s, abs=1e-12)
+    # the held blocks unknown: one lifetime of empty-context steps
+    assert kv_wait_s(linear_step_model, 30, 0, 0, 16, 32, 16384) == pytest.approx(30 * 0.001001, abs=1e-12)
+
+
 def test_kv_wait_is_finite_and_fast_for_any_claimed_batch(linear_step_model):
     # 10⁹ decoders of 62.5 blocks, all of which must finish: 100 × H(10⁹) steps, the harmonic number in
     # its asymptotic form (no billion-term loop); 62.5 blocks freed and 6.25 opened per finish, so a
@@ -152,49 +163,6 @@ def test_kv_wait_is_finite_and_fast_for_any_claimed_batch(linear_step_model):
     step_s = linear_step_model.step_s(10**9, 0.0, 10**12)
     got = kv_wait_s(linear_step_model, 56.25e9, 10**9, 10**12, 16, 100, 0)
     assert got == pytest.approx(100 * harmonic * step_s, rel=1e-12)
-
-
-def test_finish_steps_for_exponential_lengths_ignores_the_progress():
-    # 2 decoders, 1 finish: the expected count reaches 1 × 2 / 2.5 = 0.8 when 2 (1 − e^(−s / 100)) = 0.8
-    assert finish_steps(1, [3, 7], 100, 1.0) == pytest.approx(-100 * math.log(0.6), rel=1e-9)
-    # both: 2 (1 − e^(−s / 100)) = 1.6; the same whatever the decoders have produced
-    both = -100 * math.log(0.2)
-    assert finish_steps(2, [0, 500], 100, 1.0) == pytest.approx(both, rel=1e-9)
-    assert finish_steps(2, [50, 50], 100, 1.0) == pytest.approx(both, rel=1e-9)
-
-
-def erlang4_survival(x: float, scale: float) -> float:
-    """Survival of the gamma of shape 4 (cv² = 0.25), in closed form: e^(−y) (1 + y + y²/2 + y³/6)."""
-    y = x / scale
-    return math.exp(-y) * (1 + y + y * y / 2 + y**3 / 6)
-
-
-@pytest.mark.parametrize("produced", [0, 50, 200])
-def test_finish_steps_with_less_spread_than_an_exponential_waits_longer_for_young_decoders(produced):
-    # one decoder, mean 100, cv² 0.25 (shape 4, scale 25): the count reaches 1 / 1.5 when
-    # S(a + s) ÷ S(a) = 1/3, S checked in closed form (finish_steps reads ln S from a table: ~10⁻⁵)
-    steps = finish_steps(1, [produced], 100, 0.25)
-    assert erlang4_survival(produced + steps, 25) / erlang4_survival(produced, 25) == pytest.approx(1 / 3, rel=1e-4)
-    assert finish_steps(1, [0], 100, 0.25) > finish_steps(1, [50], 100, 0.25) > finish_steps(1, [200], 100, 0.25)
-
-
-def test_finish_steps_counts_decoders_far_beyond_the_law_as_finishing_now():
-    # shape 100, scale 1: a decoder at 10⁷ tokens has survival 0; one finish is already there
-    assert finish_steps(1, [10**7, 0], 100, 0.01) == 0.0
-
-
-@pytest.mark.parametrize(
-    ("finishes", "produced", "mean", "cv2", "message"),
-    [
-        (0, [1, 2], 100, 1.0, "finishes = 0, expected an integer in 1 … 2"),
-        (3, [1, 2], 100, 1.0, "finishes = 3, expected an integer in 1 … 2"),
-        (1, [1], 0, 1.0, "mean_tokens = 0, cv2 = 1.0: expected numbers > 0"),
-        (1, [1], 100, 0.0, "mean_tokens = 100, cv2 = 0.0: expected numbers > 0"),
-    ],
-)
-def test_finish_steps_refuses_bad_input_by_name(finishes, produced, mean, cv2, message):
-    with pytest.raises(ValueError, match=message):
-        finish_steps(finishes, produced, mean, cv2)
 
 
 def test_kv_wait_uses_the_progress_only_with_one_count_per_decoder(linear_step_model):
@@ -222,43 +190,6 @@ def test_kv_wait_grows_with_the_deficit_where_a_mean_output_exceeds_a_decoders_s
     # exponential lengths: the mean progress is the mean, 3.5 − 4 < 0 net, so one drain whatever the deficit
     # (the snapshot contradicts the law: decoders that hold less than their mean output)
     assert kv_wait_s(linear_step_model, 5, 2, 112, 16, 64, 0, None, (), 1.0) == pytest.approx(64 * 1.5 * step_s)
-
-
-BATCHES = [  # (finishes, tokens produced so far): fewer decoders than groups, more, one far beyond the law
-    (1, [3]),
-    (2, [0, 500]),
-    (5, [7, 0, 30, 12, 250, 90, 4]),
-    (20, list(range(0, 400, 11))),
-    (1, [10**7, 0]),
-    (36, list(range(0, 400, 11))),
-]
-
-
-@pytest.mark.parametrize("cv2", [0.01, 0.25, 1.0, 4.6])
-def test_finish_steps_batch_is_each_batch_alone(cv2):
-    # the roots are found together; each is the one its batch gets alone (to rounding: numpy sums
-    # a (6, 16) array's rows in another order than a (1, 16) one's)
-    together = finish_steps_batch([k for k, _ in BATCHES], [p for _, p in BATCHES], 100, cv2)
-    assert together.tolist() == pytest.approx([finish_steps(k, p, 100, cv2) for k, p in BATCHES], rel=1e-12)
-
-
-def test_finish_steps_batch_of_exponential_lengths_by_hand():
-    # exponential: mean × ln((n + ½) ÷ (n − k + ½)); 2 of 2 decoders: 100 ln 5; 1 of 1: 100 ln 3
-    got = finish_steps_batch([2, 1], [[3, 9], [40]], 100, 1.0)
-    assert got == pytest.approx([100 * math.log(5), 100 * math.log(3)], rel=1e-9)
-    assert finish_steps_batch([], [], 100, 1.0).shape == (0,)
-
-
-@pytest.mark.parametrize(
-    ("finishes", "produced", "message"),
-    [
-        ([1, 3], [[1], [1, 2]], r"finishes\[1\] = 3, expected an integer in 1 … 2"),
-        ([1], [[1], [1, 2]], "finishes has 1 entries and output_tokens_so_far 2"),
-    ],
-)
-def test_finish_steps_batch_refuses_bad_input_by_name(finishes, produced, message):
-    with pytest.raises(ValueError, match=message):
-        finish_steps_batch(finishes, produced, 100, 1.0)
 
 
 def test_kv_wait_batch_is_each_worker_alone(linear_step_model):

@@ -13,7 +13,8 @@ import pytest
 from kvcost.core.composition import CalibratedTTFT, TermPredictions
 from kvcost.core.links import LinkSpec
 from kvcost.core.types import Namespace, ReusePlan, RouteRequest
-from kvcost.features.nominal import NominalCosts, finish_steps
+from kvcost.features.finish_times import finish_steps
+from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_NAMES
 from kvcost.routing.directory import CacheDirectory
 from kvcost.routing.router import (

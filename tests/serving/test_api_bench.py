@@ -63,7 +63,7 @@ def _snapshot_fields(rng, worker_id):
 def _memory_bound(rng, worker_id: int, f: dict) -> WorkerSnapshot:
     """A worker whose KV memory is full (99 % held by 64–400 decoders, 200 blocks of prompts waiting)
     and whose decoders' progress is known: every candidate needs the KV-wait estimate of
-    :func:`~kvcost.features.nominal.finish_steps_batch`."""
+    :func:`~kvcost.features.finish_times.finish_steps_batch`."""
     running = int(rng.integers(64, 400))
     progress = tuple(int(t) for t in rng.integers(1, 400, running))
     waiting = tuple(map(tuple, f["waiting_prefill"]))
