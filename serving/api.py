@@ -50,6 +50,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, BeforeValidator
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvcost.models.reuse import load_reuse_model
@@ -456,6 +457,13 @@ async def _busy(request: Request, exc: PoolBusyError) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after_s)})
 
 
+async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+    """A handler that was reading the body of a connection already closed (a client gone, or one the
+    read timeout closed, :mod:`kvcost.serving.http_protocol`, which logs why): no response can be sent,
+    and no traceback is logged. 499 is nginx's "client closed request", for the access log."""
+    return Response(status_code=499)
+
+
 def _status_handler(status: int):
     async def handler(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=status)
@@ -568,6 +576,7 @@ def create_app(settings: ServiceSettings, service: ScoringService | None = None)
     app.add_exception_handler(LogUnavailableError, _status_handler(503))
     app.add_exception_handler(PoolBusyError, _busy)
     app.add_exception_handler(OpenAIError, openai_error_response)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     routers = (scoring, observations, workers, eviction, models, health)
     for router in routers:
         app.include_router(router)
