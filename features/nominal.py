@@ -194,16 +194,14 @@ def kv_wait_s(
     (chunked prefill, :func:`queue_and_prefill_s`), which the request waits out anyway; the wait for
     memory is the steps beyond them, each a decode-only step of the batch (``step_model.step_s``).
     With nothing decoding, the holders are still in prefill (:func:`_turnover_wait_s`): they release
-    the memory one decode lifetime after their prefill, and the requests admitted in their place
-    hold it as long, so the memory turns over once per mean lifetime. The deficit takes
+    the memory one decode lifetime after their prefill, and the requests admitted in their place hold
+    it as long, so the memory turns over once per mean lifetime. The deficit takes
     ``max(1, deficit / (held − mean / block_size_tokens))`` lifetimes (the ``k > n`` rule above with
-    the holders as one batch holding all ``held`` blocks), each step a decode step that reads the
-    held context, less the compute queue's own steps. One lifetime of empty-context steps whatever
-    the deficit, the rule until stop 52, under-predicted the queue of the workers that took such
-    requests by 24 s on average (56.8 s got) on A100-80GB × Llama-2-7B at 80 %, and by 128 s on an
-    L40S at 95 %; with the turnover, by 1.1 and 23.6 s (``docs/routing-sensitivity.md``, "The KV
-    wait with nothing decoding"). The state arises where a worker's memory holds a few long prompts
-    (memory-poor pairs, long contexts); it does not on A100s serving Llama-3-8B.
+    the holders as one batch), each step a decode step over the held context, less the compute
+    queue's own steps. The state arises where a worker's memory holds a few long prompts (long
+    contexts, models without grouped-query attention, small GPUs); the rule it replaces, one
+    empty-context lifetime whatever the deficit, under-predicted those queues by tens of seconds
+    (``docs/routing-sensitivity.md``, "The KV wait with nothing decoding").
 
     Counting steps rather than seconds matters: a step full of prefill chunks takes 20-40 times a
     decode-only step, and decoders advance one token per step whatever its length.
