@@ -504,8 +504,10 @@ def test_approximate_mode_routes_a_repeated_prefix_to_the_worker_that_served_it(
     with phase("approximate mode"):
         serve.start()
         try:
-            # the families arrive together: the gateway's own load accounting spreads them over both engines
-            first = asyncio.run(send_open_loop(serve.url, [Spec(i, "completion", b) for i, b in enumerate(bodies)], 50))
+            # the families arrive together (1 ms apart: at 20 ms, a tiny model on an idle machine answered each
+            # before the next came, and all went to engine 0): the gateway's own load accounting spreads them
+            burst = [Spec(i, "completion", b) for i, b in enumerate(bodies)]
+            first = asyncio.run(send_open_loop(serve.url, burst, 1000))
             # a scrape of each engine begun after the burst: the repeats meet idle engines, and differ only in
             # what they hold (the gateway's split of a scrape taken during the burst is tested in test_load.py)
             await_scrapes(serve, len(engines), rounds=2)
