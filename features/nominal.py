@@ -192,7 +192,15 @@ def kv_wait_s(
     serving Llama-3-8B ``k`` stays within the batch and nothing changes. The first
     ``ceil(queued_prefill_tokens / (token_budget − n))`` of those steps are the compute queue's own
     (chunked prefill, :func:`queue_and_prefill_s`), which the request waits out anyway; the wait for
-    memory is the steps beyond them, each a decode-only step of the batch (``step_model.step_s``).
+    memory is the steps beyond them, each a decode-only step (``step_model.step_s``): of the running
+    batch over its context until it has drained, then, for the ``k − n`` later finishes, over the
+    context the memory holds (``held_blocks × block_size_tokens``). The requests admitted as memory
+    frees fill it again, so the batch whose finishes those are reads the whole held memory each step,
+    however little of it the decoders hold now (the rest held by prompts still in prefill, which
+    decode over their whole prompts once admitted). Where the decoders hold the memory the two
+    contexts are the same, and nothing changes; where a few long prompts in prefill hold it (long
+    contexts, models without grouped-query attention), the current batch's short context priced
+    those steps at a fraction of their time.
     With nothing decoding, the holders are still in prefill (:func:`_turnover_wait_s`): they release
     the memory one decode lifetime after their prefill, and the requests admitted in their place hold
     it as long, so the memory turns over once per mean lifetime. The deficit takes
@@ -294,12 +302,15 @@ def kv_wait_batch_s(
         if known and mean_steps > 0:
             pending.append((i, min(k, n), later_steps))
         else:
-            waits[i] = _wait_beyond_queue_s(w, mean_steps * (_harmonic(n) - _harmonic(max(0, n - k))) + later_steps)
+            batch_steps = mean_steps * (_harmonic(n) - _harmonic(max(0, n - k)))
+            waits[i] = _wait_beyond_queue_s(w, batch_steps, later_steps, held * block_size_tokens)
     if pending:
         progress = [workers[i].running_output_tokens for i, _, _ in pending]
         steps = finish_steps_batch([k for _, k, _ in pending], progress, mean_steps, output_cv2)
         for (i, _, later), s in zip(pending, steps.tolist(), strict=True):
-            waits[i] = _wait_beyond_queue_s(workers[i], s + later)
+            w = workers[i]
+            held = w.decode_context_tokens if w.held_blocks is None else w.held_blocks * block_size_tokens
+            waits[i] = _wait_beyond_queue_s(w, s, later, held)
     return waits
 
 
@@ -316,11 +327,22 @@ def _turnover_wait_s(worker: KvWaitInputs, block_size_tokens: int, mean_steps: f
     return max(0.0, mean_steps * lifetimes - queue_steps) * step_s
 
 
-def _wait_beyond_queue_s(worker: KvWaitInputs, steps: float) -> float:
-    """Seconds of the ``steps`` decode steps beyond the compute queue's own (:func:`kv_wait_s`)."""
+def _wait_beyond_queue_s(
+    worker: KvWaitInputs, batch_steps: float, later_steps: float = 0.0, held_tokens: float = 0.0
+) -> float:
+    """Seconds of the decode steps beyond the compute queue's own (:func:`kv_wait_s`): ``batch_steps``
+    until the running batch's finishes, each over its context, then ``later_steps`` for the finishes
+    of the requests admitted in its place, each over the context the memory holds (``held_tokens``,
+    at least the batch's: the admitted requests fill the memory that was freed). The compute queue's
+    steps are taken off the first ones."""
     n = worker.running_requests
     queue_steps = math.ceil(worker.queued_prefill_tokens / max(1, worker.step_model.token_budget - n))
-    return max(0.0, steps - queue_steps) * worker.step_model.step_s(n, 0.0, worker.decode_context_tokens)
+    batch_s = max(0.0, batch_steps - queue_steps) * worker.step_model.step_s(n, 0.0, worker.decode_context_tokens)
+    if later_steps <= 0:
+        return batch_s
+    later_steps -= max(0.0, queue_steps - batch_steps)
+    context = max(worker.decode_context_tokens, int(held_tokens))
+    return batch_s + max(0.0, later_steps) * worker.step_model.step_s(n, 0.0, context)
 
 
 def _harmonic(m: int) -> float:

@@ -155,6 +155,22 @@ def test_kv_wait_with_nothing_decoding_turns_the_held_memory_over(linear_step_mo
     assert kv_wait_s(linear_step_model, 30, 0, 0, 16, 32, 16384) == pytest.approx(30 * 0.001001, abs=1e-12)
 
 
+def test_kv_wait_beyond_the_batch_reads_the_held_memory(linear_step_model):
+    """2 decoders of 256 context tokens; 40 blocks of 16 held (prompts in prefill hold the other 24), mean
+    output 16: a finish frees 20 − 1 = 19 blocks net, so 99 missing take ceil(99 / 19) = 6 finishes. The
+    drain's 16 × (1/2 + 1) = 24 steps read the batch's 256 tokens; the 4 later finishes' 4 × 16 / 2 = 32
+    steps read the 640 held ones (2 µs + 640 µs + 1 ms)."""
+    held_step_s = 0.001642
+    got = kv_wait_s(linear_step_model, 99, 2, 256, 16, 16, 0, 40)
+    assert got == pytest.approx(24 * DECODE_STEP_S + 32 * held_step_s, abs=1e-12)
+    # 30 chunks of the compute queue (8,190 tokens each) cover the drain and 6 of the later steps
+    queued = kv_wait_s(linear_step_model, 99, 2, 256, 16, 16, 8190 * 30, 40)
+    assert queued == pytest.approx(26 * held_step_s, abs=1e-12)
+    # the decoders' progress known: the same later steps after the drain's finish
+    known = kv_wait_s(linear_step_model, 99, 2, 256, 16, 16, 0, 40, (4, 9), 1.0)
+    assert known == pytest.approx(-16 * math.log(0.2) * DECODE_STEP_S + 32 * held_step_s, rel=1e-9)
+
+
 def test_kv_wait_is_finite_and_fast_for_any_claimed_batch(linear_step_model):
     # 10⁹ decoders of 62.5 blocks, all of which must finish: 100 × H(10⁹) steps, the harmonic number in
     # its asymptotic form (no billion-term loop); 62.5 blocks freed and 6.25 opened per finish, so a
