@@ -16,8 +16,19 @@ import numpy as np
 
 from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import TIER_CODES, blocks_to_allocate
-from kvcost.features.nominal import KvWaitInputs, NominalCosts, kv_wait_batch_s, queue_and_prefill_s
+from kvcost.features.nominal import (
+    KvWaitInputs,
+    NominalCosts,
+    kv_wait_batch_s,
+    kv_wait_sd_batch_s,
+    queue_and_prefill_s,
+)
 from kvcost.features.spec import FEATURE_NAMES
+
+#: The key of :func:`feature_columns`' one column that is not a feature: the KV-wait estimate's standard
+#: deviation, seconds (:func:`~kvcost.features.nominal.kv_wait_sd_batch_s`). The cost-aware policies read it
+#: (``PolicyContext.kv_wait_sd_s``); no model does, and :func:`stack_features` leaves it out.
+KV_WAIT_SD_COLUMN = "kv_wait_sd_s"
 
 if TYPE_CHECKING:
     from kvcost.core.types import DirectoryMatch, ReusePlan, RouteRequest, WorkerSnapshot
@@ -59,7 +70,10 @@ def feature_columns(
 
     Returns:
         Feature name → array of shape ``(n_candidates,)`` in the spec's unit (int64 or float64;
-        :func:`stack_features` stacks them as float64).
+        :func:`stack_features` stacks them as float64), every feature in the spec's order, then
+        :data:`KV_WAIT_SD_COLUMN`, which is not a feature (the models never see it): the KV-wait
+        estimate's standard deviation, seconds (:func:`~kvcost.features.nominal.kv_wait_sd_batch_s`),
+        for the router's tie band.
 
     Raises:
         KeyError: a snapshot's GPU type has no step model.
@@ -84,7 +98,7 @@ def feature_columns(
     load_bytes, disk_bytes, transfer_bytes, conversion = _plan_columns(plans, n, block_bytes)
     queued = snap["queued_prefill_tokens"].astype(np.int64)
     per_candidate = (uncached, reuse, deficit, queued, load_bytes, disk_bytes, transfer_bytes, conversion)
-    queue_s, prefill_s, kv_wait, lookup_s, transfer_s = _nominal_columns(
+    queue_s, prefill_s, kv_wait, lookup_s, transfer_s, kv_wait_sd = _nominal_columns(
         request, snapshots, models, costs, per_candidate
     )
     return {
@@ -117,6 +131,7 @@ def feature_columns(
         "nominal_transfer_s": transfer_s,
         "nominal_prefill_s": prefill_s,
         "nominal_first_token_s": np.full(n, costs.first_token_s, dtype=np.float64),
+        KV_WAIT_SD_COLUMN: kv_wait_sd,
     }
 
 
@@ -165,7 +180,8 @@ def _recent_step_s(snapshots, models, measured_s: np.ndarray) -> np.ndarray:
 
 
 def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candidate) -> np.ndarray:
-    """The profile-based times per candidate, float64 ``(5, n)``: queue, prefill, KV wait, lookup, transfer.
+    """The profile-based times per candidate, float64 ``(6, n)``: queue, prefill, KV wait, lookup, transfer,
+    and the KV wait's standard deviation.
 
     The nominal formulas (:mod:`kvcost.features.nominal`) take one candidate at a time, except the
     KV wait, whose root finding runs for all candidates at once (:func:`kv_wait_batch_s`); the
@@ -194,11 +210,11 @@ def _nominal_columns(request, snapshots, models, costs: NominalCosts, per_candid
         lookup_s = costs.lookup_s(blocks) + costs.load_s(load, disk, s.load_backlog_s)
         transfer_s = costs.transfer_s(fetched, s.transfer_backlog_s)
         transfer_s += conversion * costs.network.duration_s(fetched)
-        rows.append((queue_s, prefill_s, 0.0, lookup_s, transfer_s))
-    columns = np.array(rows, dtype=np.float64).reshape(len(rows), 5).T
-    columns[2] = kv_wait_batch_s(
-        kv_workers, request.namespace.block_size_tokens, costs.output_tokens_mean, costs.output_tokens_cv2
-    )
+        rows.append((queue_s, prefill_s, 0.0, lookup_s, transfer_s, 0.0))
+    columns = np.array(rows, dtype=np.float64).reshape(len(rows), 6).T
+    law = (request.namespace.block_size_tokens, costs.output_tokens_mean, costs.output_tokens_cv2)
+    columns[2] = kv_wait_batch_s(kv_workers, *law)
+    columns[5] = kv_wait_sd_batch_s(kv_workers, *law)
     return columns
 
 

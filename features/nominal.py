@@ -291,13 +291,8 @@ def kv_wait_batch_s(
         if n <= 0 or w.decode_context_tokens <= 0:
             waits[i] = _turnover_wait_s(w, block_size_tokens, mean_steps)
             continue
-        held = w.decode_context_tokens / block_size_tokens if w.held_blocks is None else float(w.held_blocks)
+        k, held = _finishes_needed(w, block_size_tokens, mean_steps, output_cv2)
         known = len(w.running_output_tokens) == n
-        freed_per_finish = held / n - mean_steps / block_size_tokens
-        if freed_per_finish <= 0:
-            progress = sum(w.running_output_tokens) / n if known else mean_steps * (1.0 + output_cv2) / 2.0
-            freed_per_finish = held / n - progress / block_size_tokens
-        k = math.ceil(w.deficit_blocks / freed_per_finish) if freed_per_finish > 0 else n
         later_steps = max(0, k - n) * mean_steps / n  # the finishes beyond this batch, at n ÷ mean a step
         if known and mean_steps > 0:
             pending.append((i, min(k, n), later_steps))
@@ -312,6 +307,66 @@ def kv_wait_batch_s(
             held = w.decode_context_tokens if w.held_blocks is None else w.held_blocks * block_size_tokens
             waits[i] = _wait_beyond_queue_s(w, s, later, held)
     return waits
+
+
+def _finishes_needed(w: KvWaitInputs, block_size_tokens: int, mean_steps: float, cv2: float) -> tuple[int, float]:
+    """``(k, held_blocks)`` of :func:`kv_wait_s` for a worker with decoders and a deficit: how many finishes free
+    the deficit, and the blocks the running requests hold."""
+    n = w.running_requests
+    held = w.decode_context_tokens / block_size_tokens if w.held_blocks is None else float(w.held_blocks)
+    freed_per_finish = held / n - mean_steps / block_size_tokens
+    if freed_per_finish <= 0:
+        known = len(w.running_output_tokens) == n
+        progress = sum(w.running_output_tokens) / n if known else mean_steps * (1.0 + cv2) / 2.0
+        freed_per_finish = held / n - progress / block_size_tokens
+    k = math.ceil(w.deficit_blocks / freed_per_finish) if freed_per_finish > 0 else n
+    return k, held
+
+
+def kv_wait_sd_batch_s(
+    workers: Sequence[KvWaitInputs], block_size_tokens: int, mean_output_tokens: float, output_cv2: float = 1.0
+) -> np.ndarray:
+    """Standard deviation of each worker's KV wait (:func:`kv_wait_batch_s`), float64 ``(len(workers),)``, seconds ≥ 0.
+
+    The spread of the same model: the ``k``-th of ``n`` exponential finishes is a sum of independent gaps
+    of means ``mean ÷ n, mean ÷ (n − 1), …``, so its variance is ``mean² × (1/n² + … + 1/(n − k + 1)²)``
+    steps² (order statistics of exponentials); each of the ``k − n`` later finishes adds a gap of
+    variance ``(mean ÷ n)²``; with nothing decoding, each of the memory's turnovers is one lifetime of
+    variance ``mean²``. The exponential's variance is scaled by the observed ``output_cv2`` (a law of
+    that squared coefficient of variation; the exponential has 1). Steps are priced as the estimate
+    prices them (the batch's, then the held memory's); the compute queue's steps are taken as certain
+    and are not subtracted, so this is the spread of the whole wait for memory. 0 without a deficit.
+
+    It is wide where few requests hold the memory (one decoder's remaining life has a standard deviation
+    as large as its mean) and narrow where many do: what a router needs to know before it takes a
+    lower estimate for a better worker (kvcost issue 13: a worker whose memory two decoders and a
+    58,396-token prompt in prefill held was estimated at 21.5 s of wait against 72–97 s on its peers;
+    24 requests went there in 50 s and waited 101–190 s).
+
+    Args:
+        workers, block_size_tokens, mean_output_tokens, output_cv2: as in :func:`kv_wait_batch_s`.
+    """
+    mean_steps = float(mean_output_tokens)
+    spread = np.zeros(len(workers), dtype=np.float64)
+    for i, w in enumerate(workers):
+        if w.deficit_blocks <= 0 or mean_steps <= 0:
+            continue
+        n = w.running_requests
+        if n <= 0 or w.decode_context_tokens <= 0:
+            held = 0.0 if w.held_blocks is None else float(w.held_blocks)
+            net = held - mean_steps / block_size_tokens
+            lifetimes = max(1.0, w.deficit_blocks / net) if net > 0 else 1.0
+            step_s = w.step_model.step_s(1, 0.0, int(held * block_size_tokens))
+            spread[i] = mean_steps * math.sqrt(lifetimes * output_cv2) * step_s
+            continue
+        k, held = _finishes_needed(w, block_size_tokens, mean_steps, output_cv2)
+        batch_var = _inverse_squares(n) - _inverse_squares(n - min(k, n))
+        later_var = max(0, k - n) / (n * n)
+        batch_step_s = w.step_model.step_s(n, 0.0, w.decode_context_tokens)
+        later_step_s = w.step_model.step_s(n, 0.0, max(w.decode_context_tokens, int(held * block_size_tokens)))
+        variance = batch_var * batch_step_s**2 + later_var * later_step_s**2
+        spread[i] = mean_steps * math.sqrt(output_cv2 * variance)
+    return spread
 
 
 def _turnover_wait_s(worker: KvWaitInputs, block_size_tokens: int, mean_steps: float) -> float:
@@ -352,6 +407,15 @@ def _harmonic(m: int) -> float:
     if m <= 64:
         return sum(1.0 / i for i in range(1, m + 1))
     return math.log(m) + 0.5772156649015329 + 1.0 / (2 * m) - 1.0 / (12 * m * m)
+
+
+def _inverse_squares(m: int) -> float:
+    """``1 + 1/2² + … + 1/m²`` (0 for ``m`` ≤ 0): summed up to 64 terms, else ``π²/6 − ψ₁(m + 1)`` with the
+    trigamma function's asymptotic series ``1/x + 1/(2x²) + 1/(6x³) − 1/(30x⁵)`` (error below 1e-12 there)."""
+    if m <= 64:
+        return sum(1.0 / (i * i) for i in range(1, m + 1))
+    x = m + 1.0
+    return math.pi**2 / 6 - (1 / x + 1 / (2 * x * x) + 1 / (6 * x**3) - 1 / (30 * x**5))
 
 
 def queue_and_prefill_s(

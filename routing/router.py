@@ -29,7 +29,7 @@ from kvcost.core.types import (
     WorkerSnapshot,
     reusable_tokens_for,
 )
-from kvcost.features.build import feature_columns, stack_features
+from kvcost.features.build import KV_WAIT_SD_COLUMN, feature_columns, stack_features
 from kvcost.features.decode_length import OutputLengthEstimate
 from kvcost.features.nominal import NominalCosts
 from kvcost.models.term_set import TermModelSet
@@ -283,7 +283,7 @@ class Router:
         in_flight = self._in_flight(request, namespaces, matches, now_s)
         matches = [_with_in_flight(m, b) for m, b in zip(matches, in_flight, strict=True)]
         options = self._plans(request, snapshots, namespaces, in_flight) if self.settings.tiers else None
-        reusable, features, predictions, calibrated, plans, local_score, load = self._score(
+        reusable, features, predictions, calibrated, plans, local_score, load, kv_wait_sd = self._score(
             request, snapshots, matches, options
         )
         if calibrated is not None:
@@ -303,6 +303,7 @@ class Router:
             features=features,
             calibrated=calibrated,
             remaining_decode_tokens=self.decode_lengths.remaining_tokens,
+            kv_wait_sd_s=kv_wait_sd,
         )
         expected = self._expected_reuse(request, snapshots, namespaces, matches, in_flight, ctx)
         index, reason = self.policy.choose(ctx)
@@ -494,11 +495,12 @@ class Router:
         rank by it (learned or analytic; the calibration is for reporting).
 
         Returns:
-            ``(reusable_tokens, features, predictions, calibrated, plans, local_score, load_tokens)``
-            per candidate; ``plans`` is ``()`` and ``local_score`` None when the router plans
-            GPU-resident prefixes only, else ``local_score`` is each candidate's score
-            with its own tiers (the alternative a fetch beat), seconds. ``load_tokens`` is
-            :func:`outstanding_tokens` from the feature columns (the queues are summed once).
+            ``(reusable_tokens, features, predictions, calibrated, plans, local_score, load_tokens,
+            kv_wait_sd_s)`` per candidate; ``plans`` is ``()`` and ``local_score`` None when the router
+            plans GPU-resident prefixes only, else ``local_score`` is each candidate's score with its own
+            tiers (the alternative a fetch beat), seconds. ``load_tokens`` is :func:`outstanding_tokens`
+            from the feature columns (the queues are summed once); ``kv_wait_sd_s`` the column
+            :data:`~kvcost.features.build.KV_WAIT_SD_COLUMN` of each kept option.
         """
         n = len(snapshots)
         block_size = request.namespace.block_size_tokens
@@ -519,8 +521,9 @@ class Router:
         load = outstanding_tokens(columns["queued_prefill_tokens"][:n], columns["running_requests"][:n], expected)
         predictions = self.cost_model.predict(features)
         calibrated = self.cost_model.calibrate(predictions) if self.cost_model.calibrated else None
+        kv_wait_sd = columns[KV_WAIT_SD_COLUMN]
         if plans is None:
-            return reusable, features, predictions, calibrated, (), None, load
+            return reusable, features, predictions, calibrated, (), None, load, kv_wait_sd
         score = predictions.ttft_s
         best = list(range(n))
         for row in range(n, len(plans)):
@@ -533,7 +536,7 @@ class Router:
             chosen_calibrated = CalibratedTTFT(calibrated.p50_s[index], calibrated.p90_s[index])
         chosen_plans = tuple(plans[i] for i in best)
         chosen = (reusable[index], features[index], predictions.take(index), chosen_calibrated, chosen_plans)
-        return (*chosen, score[:n], load)
+        return (*chosen, score[:n], load, kv_wait_sd[index])
 
     def _costs(self) -> NominalCosts:
         """The nominal costs the features are computed with: the settings' costs, with the mean output

@@ -49,6 +49,9 @@ class PolicyContext:
         remaining_decode_tokens: expected remaining output of a request found decoding, tokens
             (≥ 0): the router's online estimate from the output lengths observed so far
             (:class:`~kvcost.features.decode_length.OutputLengthEstimate`).
+        kv_wait_sd_s: float64 ``(n,)`` standard deviation of each candidate's KV-wait estimate, seconds
+            (:func:`~kvcost.features.nominal.kv_wait_sd_batch_s`); None where the caller has none (the
+            cost-aware policies then rank by the score alone).
     """
 
     request: RouteRequest
@@ -63,6 +66,7 @@ class PolicyContext:
     features: np.ndarray | None = None
     calibrated: CalibratedTTFT | None = None
     remaining_decode_tokens: float = DEFAULT_EXPECTED_DECODE_TOKENS
+    kv_wait_sd_s: np.ndarray | None = None
 
 
 #: The replay's truth for one decision: ``truth_s(ctx)`` is the TTFT each candidate of ``ctx`` would

@@ -9,6 +9,7 @@ import numpy as np
 
 from kvcost.core.types import blocks_to_allocate
 from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyContext, RouterPolicy, argmin_stable
+from kvcost.routing.policies.dynamo import DynamoKvPolicy
 
 
 @ROUTER_POLICIES.register("round_robin")
@@ -261,6 +262,30 @@ def arrival_delay_price_s(ctx: PolicyContext, recent: RecentRoutes) -> np.ndarra
     return rates * wasted_s**2 / 2.0 / (1 + carriers)
 
 
+def kv_wait_near_ties(ctx: PolicyContext, score_s: np.ndarray, index: int) -> np.ndarray:
+    """The allowed candidates that the KV wait's uncertainty cannot tell from ``index``, int64 indices, sorted.
+
+    Candidate j is a near tie of the best-scored ``index`` when ``score_j − score_index ≤ √(σ_j² + σ_index²)``,
+    σ the standard deviation of each one's KV-wait estimate (``ctx.kv_wait_sd_s``, the waits taken as
+    independent): one standard deviation of the difference. Only ``index`` itself where no candidate has
+    a spread (no KV deficit anywhere, or the caller gave none), so a worker whose memory is not short is
+    ranked as before.
+
+    Raises:
+        ValueError: ``score_s`` or ``ctx.kv_wait_sd_s`` not of one value per candidate.
+    """
+    spread = ctx.kv_wait_sd_s
+    if spread is None or not spread.any():
+        return np.array([index])
+    if not (len(score_s) == len(spread) == len(ctx.snapshots)):
+        raise ValueError(
+            f"score_s has {len(score_s)} and kv_wait_sd_s {len(spread)} values, expected one per candidate "
+            f"({len(ctx.snapshots)})"
+        )
+    band = np.sqrt(spread**2 + spread[index] ** 2)
+    return np.flatnonzero(ctx.allowed & (score_s - score_s[index] <= band))
+
+
 @ROUTER_POLICIES.register("cost_aware")
 class CostAwarePolicy(RouterPolicy):
     """Lowest predicted TTFT on the critical path plus what the choice leaves behind, among workers
@@ -314,6 +339,7 @@ class CostAwarePolicy(RouterPolicy):
         self.arrival_price_weight = arrival_price_weight
         self.hold_tokens = hold_tokens
         self.recent = RecentRoutes()
+        self.by_blocks = DynamoKvPolicy()
 
     def price_s(self, ctx: PolicyContext) -> np.ndarray:
         """What each choice costs other requests, seconds ``(n,)``: the weighted sum of
@@ -338,18 +364,41 @@ class CostAwarePolicy(RouterPolicy):
         return ctx.predictions.ttft_s + self.price_s(ctx)
 
     def choose(self, ctx: PolicyContext) -> tuple[int, str]:
-        """Candidate with the smallest score (:meth:`score_s`); ties to the less loaded, then lower index."""
+        """Candidate with the smallest score (:meth:`score_s`); ties to the less loaded, then lower index.
+
+        Where the KV wait makes the scores uncertain, the best-scored candidate's near ties
+        (:func:`kv_wait_near_ties`) that hold the most reusable tokens among them are ranked instead by
+        Dynamo's block cost (:meth:`~kvcost.routing.policies.dynamo.DynamoKvPolicy.costs`: the prefill
+        blocks queued and its own uncached ones, plus the KV blocks the worker's requests hold), and the
+        lowest is chosen. Why: the lowest of several noisy estimates is biased low (the optimizer's
+        curse), so ranking by the estimate alone sends every request to the worker whose wait it
+        under-predicts most, until the gap closes; where the estimates cannot tell the candidates
+        apart, the blocks each one's memory and queue hold are the measured load that its memory will
+        take to free. Restricting to the most reuse keeps a prefix holder ahead of a worker that would
+        recompute the prefix: the prefill a reuse saves is known, not estimated. Why it should hold on
+        other workloads: nothing is fitted; the band is one standard deviation of the model's own
+        spread, zero wherever no candidate's memory is short (then nothing changes), and Dynamo's cost
+        is its published rule at its defaults. Measured: ``docs/routing-sensitivity.md``, "Near ties
+        under the KV wait's spread".
+        """
         score_s = self.score_s(ctx)
         masked = np.where(ctx.allowed, score_s, np.inf)
         best = masked.min()
         ties = np.flatnonzero(masked == best)
         index = int(ties[np.argmin(ctx.load_tokens[ties])])
+        near = kv_wait_near_ties(ctx, score_s, index)
+        if len(near) > 1:
+            most = near[ctx.reusable_tokens[near] == ctx.reusable_tokens[near].max()]
+            blocks = self.by_blocks.costs(ctx).cost_blocks
+            index = int(most[np.argmin(blocks[most])])
         ttft_s = ctx.predictions.ttft_s
         price_ms = (score_s[index] - ttft_s[index]) * 1e3
         reason = f"min predicted TTFT {ttft_s[index] * 1e3:.1f} ms"
         if price_ms > 0:
             reason = f"min predicted TTFT + price {ttft_s[index] * 1e3:.1f} + {price_ms:.1f} ms"
         reason += f", reuse {ctx.reusable_tokens[index]} tokens"
+        if len(near) > 1:
+            reason += f"; {len(near)} within the KV wait's spread, most reuse then least Dynamo block cost"
         most_reuse = int(np.argmax(ctx.reusable_tokens))
         if most_reuse != index and ctx.reusable_tokens[most_reuse] > ctx.reusable_tokens[index]:
             why = "skew limit" if not ctx.allowed[most_reuse] else f"{ttft_s[most_reuse] * 1e3:.1f} ms"

@@ -5,7 +5,7 @@ import pytest
 
 from kvcost.core.links import LinkSpec
 from kvcost.core.types import DirectoryMatch, Namespace, ReusePlan, RouteRequest
-from kvcost.features.build import feature_columns, stack_features
+from kvcost.features.build import KV_WAIT_SD_COLUMN, feature_columns, stack_features
 from kvcost.features.nominal import NominalCosts
 from kvcost.features.spec import FEATURE_INDEX, FEATURE_NAMES
 
@@ -163,14 +163,15 @@ def test_mismatched_lengths_raise(case):
 def test_feature_columns_are_named_arrays_over_candidates_that_stack_into_the_matrix(case):
     snapshots, matches, reusable, models = case
     columns = feature_columns(REQUEST, snapshots, matches, reusable, models, NominalCosts())
-    assert list(columns) == list(FEATURE_NAMES)  # every feature of the one schema, in its order
+    assert list(columns) == [*FEATURE_NAMES, KV_WAIT_SD_COLUMN]  # every feature of the one schema, in its order
     assert all(column.shape == (2,) for column in columns.values())
     assert columns["request_blocks"].tolist() == [2, 2]
     assert columns["kv_available_blocks"].tolist() == [6.0, 0.0]  # 8 − round(0.25 × 8); the idle worker has 0
     assert columns["kv_deficit_blocks"].tolist() == [1.0, 0.0]  # 5 queued + 2 own − 6 available; no capacity: 0
     assert columns["recent_step_ratio"].tolist() == [1.25, 1.0]  # 0.02 / 0.016; no nominal: 1
     x = build(*case)
-    assert all(np.array_equal(x[:, FEATURE_INDEX[name]], column) for name, column in columns.items())
+    assert all(np.array_equal(x[:, FEATURE_INDEX[name]], columns[name]) for name in FEATURE_NAMES)
+    assert columns[KV_WAIT_SD_COLUMN].shape == (2,)  # not a feature: the matrix leaves it out
 
 
 def test_directory_age_only_where_the_worker_holds_part_of_the_prefix(case):

@@ -13,6 +13,7 @@ from kvcost.features.nominal import (
     NominalCosts,
     kv_wait_batch_s,
     kv_wait_s,
+    kv_wait_sd_batch_s,
     queue_and_prefill_s,
 )
 
@@ -169,6 +170,26 @@ def test_kv_wait_beyond_the_batch_reads_the_held_memory(linear_step_model):
     # the decoders' progress known: the same later steps after the drain's finish
     known = kv_wait_s(linear_step_model, 99, 2, 256, 16, 16, 0, 40, (4, 9), 1.0)
     assert known == pytest.approx(-16 * math.log(0.2) * DECODE_STEP_S + 32 * held_step_s, rel=1e-9)
+
+
+def test_kv_wait_spread_by_hand(linear_step_model):
+    """The by-hand cases' standard deviations: the k-th of 2 exponential finishes of mean 16 has variance
+    16² × (1/2²) (k = 1) or 16² × (1/2² + 1) (k = 2); 4 later finishes add 4 × (16 / 2)² over the held
+    memory's steps; cv² 0.25 halves the deviation; nothing decoding, 3 lifetimes of 32 steps add 3 × 32²."""
+    held_step_s = 0.001642  # 2 µs + 640 µs + 1 ms: the 40 held blocks' 640 tokens
+
+    def spread(*worker, cv2=1.0, mean=16):
+        return kv_wait_sd_batch_s([KvWaitInputs(linear_step_model, *worker)], 16, mean, cv2)[0]
+
+    assert spread(0, 2, 256, 0) == 0.0  # no deficit
+    assert spread(7, 2, 256, 0) == pytest.approx(16 * 0.5 * DECODE_STEP_S, abs=1e-15)
+    assert spread(8, 2, 256, 0) == pytest.approx(16 * math.sqrt(1.25) * DECODE_STEP_S, abs=1e-15)
+    assert spread(8, 2, 256, 0, cv2=0.25) == pytest.approx(8 * math.sqrt(1.25) * DECODE_STEP_S, abs=1e-15)
+    beyond = 16 * math.sqrt(1.25 * DECODE_STEP_S**2 + 4 * 0.5**2 * held_step_s**2)
+    assert spread(99, 2, 256, 0, 40) == pytest.approx(beyond, abs=1e-15)
+    # the compute queue is taken as certain: the same spread with 30 chunks queued
+    assert spread(99, 2, 256, 8190 * 30, 40) == pytest.approx(beyond, abs=1e-15)
+    assert spread(30, 0, 0, 16384, 12, mean=32) == pytest.approx(32 * math.sqrt(3) * 0.001193, abs=1e-15)
 
 
 def test_kv_wait_is_finite_and_fast_for_any_claimed_batch(linear_step_model):

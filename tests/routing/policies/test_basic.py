@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from kvcost.core.composition import TermPredictions
-from kvcost.core.types import Namespace, RouteRequest
+from kvcost.core.types import DirectoryMatch, Namespace, RouteRequest
 from kvcost.routing.policies import ROUTER_POLICIES, PolicyContext, make_policy
 from kvcost.routing.policies.basic import (
     RecentRoutes,
     arrival_delay_price_s,
     duplicate_price_s,
+    kv_wait_near_ties,
     memory_hold_price_s,
     memory_pressure,
 )
@@ -283,3 +284,51 @@ def test_cost_aware_sends_a_move_where_no_arrivals_wait_for_its_recompute(make_s
     unpriced = make_policy("cost_aware", arrival_price_weight=0.0)
     unpriced.recent = recent
     assert unpriced.choose(ctx)[0] == 1  # the tie goes to the lower index
+
+
+def _near_tie_context(make_snapshot, kv_wait_sd_s, reusable=(0, 0, 0)):
+    """Scores 10.0 / 10.5 / 13.0 s; worker 10 has 1,024 prompt tokens queued, 11 and 12 are idle; the request
+    is 1,000 tokens (2 blocks of 512)."""
+    ctx = context(
+        make_snapshot,
+        [10.0, 10.5, 13.0],
+        [0.0, 0.0, 0.0],
+        reusable=list(reusable),
+        snapshot_fields=[{"waiting_prefill": ((1024, 0),)}, {}, {}],
+    )
+    matches = tuple(
+        DirectoryMatch(10 + i, blocks // 512, "gpu" if blocks else "none", 0.0) for i, blocks in enumerate(reusable)
+    )
+    spread = None if kv_wait_sd_s is None else np.array(kv_wait_sd_s, dtype=float)
+    return replace(ctx, matches=matches, kv_wait_sd_s=spread)
+
+
+def test_near_ties_under_the_kv_wait_spread_take_the_least_dynamo_block_cost(make_snapshot):
+    """Spreads 1 / 0 / 1 s: worker 11 is 0.5 s behind, within √(0² + 1²) = 1 s; worker 12 is 3 s behind,
+    beyond √2 s. Dynamo's block cost: worker 10 (1,024 + 1,000) ÷ 512 + 2 + 2 = 7.95 blocks (its queued
+    prompt's 2 blocks and the request's 2), worker 11 1,000 ÷ 512 + 2 = 3.95, so the near tie goes to 11."""
+    policy = make_policy("cost_aware")
+    ctx = _near_tie_context(make_snapshot, [1.0, 0.0, 1.0])
+    assert kv_wait_near_ties(ctx, policy.score_s(ctx), 0).tolist() == [0, 1]
+    index, reason = policy.choose(ctx)
+    assert index == 1
+    assert "2 within the KV wait's spread" in reason
+    # no spread given, or none anywhere: the lowest score, as before
+    for spread in (None, [0.0, 0.0, 0.0]):
+        assert make_policy("cost_aware").choose(_near_tie_context(make_snapshot, spread))[0] == 0
+    # 0.4 s each: 0.5 s is within √(0.4² + 0.4²) = 0.57 s; 0.3 s each: beyond 0.42 s
+    assert make_policy("cost_aware").choose(_near_tie_context(make_snapshot, [0.4, 0.4, 0.4]))[0] == 1
+    assert make_policy("cost_aware").choose(_near_tie_context(make_snapshot, [0.3, 0.3, 0.3]))[0] == 0
+
+
+def test_near_ties_keep_the_candidates_with_the_most_reuse(make_snapshot):
+    # worker 10 holds one block of the prefix: Dynamo's cost there is 6.95 blocks against worker 11's 3.95,
+    # but only the holder keeps the most reuse among the near ties
+    ctx = _near_tie_context(make_snapshot, [1.0, 0.0, 1.0], reusable=(512, 0, 0))
+    assert make_policy("cost_aware").choose(ctx)[0] == 0
+
+
+def test_near_ties_refuse_a_spread_of_another_length(make_snapshot):
+    ctx = replace(_near_tie_context(make_snapshot, [1.0, 0.0, 1.0]), kv_wait_sd_s=np.array([1.0, 0.0]))
+    with pytest.raises(ValueError, match="kv_wait_sd_s 2 values, expected one per candidate"):
+        kv_wait_near_ties(ctx, np.zeros(3), 0)
