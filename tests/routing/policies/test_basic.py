@@ -332,3 +332,9 @@ def test_near_ties_refuse_a_spread_of_another_length(make_snapshot):
     ctx = replace(_near_tie_context(make_snapshot, [1.0, 0.0, 1.0]), kv_wait_sd_s=np.array([1.0, 0.0]))
     with pytest.raises(ValueError, match="kv_wait_sd_s 2 values, expected one per candidate"):
         kv_wait_near_ties(ctx, np.zeros(3), 0)
+
+
+def test_learned_cost_aware_ranks_no_near_ties(make_snapshot):
+    ctx = _near_tie_context(make_snapshot, [1.0, 0.0, 1.0])
+    assert make_policy("cost_aware").choose(ctx)[0] == 1
+    assert make_policy("learned_cost_aware").choose(ctx)[0] == 0  # the lowest score, the band's spread unused
