@@ -339,9 +339,8 @@ def kv_wait_sd_batch_s(
 
     It is wide where few requests hold the memory (one decoder's remaining life has a standard deviation
     as large as its mean) and narrow where many do: what a router needs to know before it takes a
-    lower estimate for a better worker (kvcost issue 13: a worker whose memory two decoders and a
-    58,396-token prompt in prefill held was estimated at 21.5 s of wait against 72–97 s on its peers;
-    24 requests went there in 50 s and waited 101–190 s).
+    lower estimate for a better worker (:func:`~kvcost.routing.policies.basic.kv_wait_near_ties`; measured
+    in ``docs/routing-sensitivity.md``, "Near ties under the KV wait's spread").
 
     Args:
         workers, block_size_tokens, mean_output_tokens, output_cv2: as in :func:`kv_wait_batch_s`.

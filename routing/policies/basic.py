@@ -422,10 +422,8 @@ class LearnedCostAwarePolicy(CostAwarePolicy):
     back to the analytic model and this policy routes like ``cost_aware`` without its near ties.
 
     It does not rank near ties (:func:`kv_wait_near_ties`): their band is the analytic KV-wait
-    estimate's spread, and a learned queue term errs otherwise. On the README's heterogeneous fleet
-    (``kvcost experiment --learned --online --fleet a100:2,h100:2 --slowdown 1:0.6 --rate-scale 0.9``)
-    its P99 was 13.89 s without them and 14.86 s with them (``cost_aware``'s fell from 15.27 to 14.18 s
-    with them).
+    estimate's spread, and a learned queue term errs otherwise; with them it routed worse on the
+    README's heterogeneous fleet (``docs/routing-sensitivity.md``, "Near ties under the KV wait's spread").
     """
 
     name = "learned_cost_aware"
