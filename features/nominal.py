@@ -295,17 +295,15 @@ def kv_wait_batch_s(
         known = len(w.running_output_tokens) == n
         later_steps = max(0, k - n) * mean_steps / n  # the finishes beyond this batch, at n ÷ mean a step
         if known and mean_steps > 0:
-            pending.append((i, min(k, n), later_steps))
+            pending.append((i, min(k, n), later_steps, held))
         else:
             batch_steps = mean_steps * (_harmonic(n) - _harmonic(max(0, n - k)))
-            waits[i] = _wait_beyond_queue_s(w, batch_steps, later_steps, held * block_size_tokens)
+            waits[i] = _wait_beyond_queue_s(w, batch_steps, later_steps, held, block_size_tokens)
     if pending:
-        progress = [workers[i].running_output_tokens for i, _, _ in pending]
-        steps = finish_steps_batch([k for _, k, _ in pending], progress, mean_steps, output_cv2)
-        for (i, _, later), s in zip(pending, steps.tolist(), strict=True):
-            w = workers[i]
-            held = w.decode_context_tokens if w.held_blocks is None else w.held_blocks * block_size_tokens
-            waits[i] = _wait_beyond_queue_s(w, s, later, held)
+        progress = [workers[i].running_output_tokens for i, *_ in pending]
+        steps = finish_steps_batch([k for _, k, _, _ in pending], progress, mean_steps, output_cv2)
+        for (i, _, later, held), s in zip(pending, steps.tolist(), strict=True):
+            waits[i] = _wait_beyond_queue_s(workers[i], s, later, held, block_size_tokens)
     return waits
 
 
@@ -352,17 +350,13 @@ def kv_wait_sd_batch_s(
             continue
         n = w.running_requests
         if n <= 0 or w.decode_context_tokens <= 0:
-            held = 0.0 if w.held_blocks is None else float(w.held_blocks)
-            net = held - mean_steps / block_size_tokens
-            lifetimes = max(1.0, w.deficit_blocks / net) if net > 0 else 1.0
-            step_s = w.step_model.step_s(1, 0.0, int(held * block_size_tokens))
+            lifetimes, step_s = _turnover(w, block_size_tokens, mean_steps)
             spread[i] = mean_steps * math.sqrt(lifetimes * output_cv2) * step_s
             continue
         k, held = _finishes_needed(w, block_size_tokens, mean_steps, output_cv2)
         batch_var = _inverse_squares(n) - _inverse_squares(n - min(k, n))
         later_var = max(0, k - n) / (n * n)
-        batch_step_s = w.step_model.step_s(n, 0.0, w.decode_context_tokens)
-        later_step_s = w.step_model.step_s(n, 0.0, max(w.decode_context_tokens, int(held * block_size_tokens)))
+        batch_step_s, later_step_s = _decode_step_times_s(w, held, block_size_tokens)
         variance = batch_var * batch_step_s**2 + later_var * later_step_s**2
         spread[i] = mean_steps * math.sqrt(output_cv2 * variance)
     return spread
@@ -373,30 +367,41 @@ def _turnover_wait_s(worker: KvWaitInputs, block_size_tokens: int, mean_steps: f
     lifetimes of single-request steps over the held context, less the compute queue's steps, where
     ``net = held − mean_steps / block_size_tokens`` (one lifetime where ``net`` ≤ 0 or the held
     blocks are unknown)."""
-    held = 0.0 if worker.held_blocks is None else float(worker.held_blocks)
-    net = held - mean_steps / block_size_tokens
-    lifetimes = max(1.0, worker.deficit_blocks / net) if net > 0 else 1.0
+    lifetimes, step_s = _turnover(worker, block_size_tokens, mean_steps)
     queue_steps = math.ceil(worker.queued_prefill_tokens / max(1, worker.step_model.token_budget))
-    step_s = worker.step_model.step_s(1, 0.0, int(held * block_size_tokens))
     return max(0.0, mean_steps * lifetimes - queue_steps) * step_s
 
 
+def _turnover(worker: KvWaitInputs, block_size_tokens: int, mean_steps: float) -> tuple[float, float]:
+    """``(lifetimes, step_s)`` of the memory's turnover with nothing decoding (:func:`_turnover_wait_s`): the mean
+    decode lifetimes the deficit takes, and one single-request decode step over the held context, seconds."""
+    held = 0.0 if worker.held_blocks is None else float(worker.held_blocks)
+    net = held - mean_steps / block_size_tokens
+    lifetimes = max(1.0, worker.deficit_blocks / net) if net > 0 else 1.0
+    return lifetimes, worker.step_model.step_s(1, 0.0, int(held * block_size_tokens))
+
+
 def _wait_beyond_queue_s(
-    worker: KvWaitInputs, batch_steps: float, later_steps: float = 0.0, held_tokens: float = 0.0
+    worker: KvWaitInputs, batch_steps: float, later_steps: float, held_blocks: float, block_size_tokens: int
 ) -> float:
     """Seconds of the decode steps beyond the compute queue's own (:func:`kv_wait_s`): ``batch_steps``
-    until the running batch's finishes, each over its context, then ``later_steps`` for the finishes
-    of the requests admitted in its place, each over the context the memory holds (``held_tokens``,
-    at least the batch's: the admitted requests fill the memory that was freed). The compute queue's
-    steps are taken off the first ones."""
+    until the running batch's finishes, then ``later_steps`` for the finishes of the requests admitted
+    in its place, each priced by :func:`_decode_step_times_s`. The compute queue's steps are taken off
+    the first ones."""
     n = worker.running_requests
     queue_steps = math.ceil(worker.queued_prefill_tokens / max(1, worker.step_model.token_budget - n))
-    batch_s = max(0.0, batch_steps - queue_steps) * worker.step_model.step_s(n, 0.0, worker.decode_context_tokens)
-    if later_steps <= 0:
-        return batch_s
+    batch_step_s, later_step_s = _decode_step_times_s(worker, held_blocks, block_size_tokens)
     later_steps -= max(0.0, queue_steps - batch_steps)
-    context = max(worker.decode_context_tokens, int(held_tokens))
-    return batch_s + max(0.0, later_steps) * worker.step_model.step_s(n, 0.0, context)
+    return max(0.0, batch_steps - queue_steps) * batch_step_s + max(0.0, later_steps) * later_step_s
+
+
+def _decode_step_times_s(worker: KvWaitInputs, held_blocks: float, block_size_tokens: int) -> tuple[float, float]:
+    """``(batch_step_s, later_step_s)``: a decode step of the running batch over its context, and one over
+    the context the memory holds (``held_blocks`` × block size, at least the batch's: the requests
+    admitted as memory frees fill it again), seconds."""
+    n, model = worker.running_requests, worker.step_model
+    held_tokens = max(worker.decode_context_tokens, int(held_blocks * block_size_tokens))
+    return model.step_s(n, 0.0, worker.decode_context_tokens), model.step_s(n, 0.0, held_tokens)
 
 
 def _harmonic(m: int) -> float:
