@@ -56,6 +56,11 @@ MONITORED_TERMS: tuple[str, ...] = TERMS_AND_TTFT
 
 Metric = Literal["mae_ratio", "speed_ratio", "coverage_90"]
 
+#: A worker whose speed is off its reference by more than this factor either way is a straggler (or
+#: faster than thought): the ``speed_ratio`` alert's default band, and the band outside which the router's
+#: near ties price a worker at its measured step time (:func:`kvcost.routing.policies.basic.prefill_s_per_token`).
+SPEED_RATIO_BAND = 1.3
+
 _TERM_ORDER = {term: i for i, term in enumerate(MONITORED_TERMS)}
 #: Added to actual and predicted before their ratio so that 0 s terms stay finite, seconds.
 _RATIO_EPS_S = 1e-3
@@ -140,7 +145,7 @@ class DriftMonitor:
         reference: ``"model"`` (the set or first-window reference, default) or
             ``"peers"`` (the median of the other workers' rolling MAE).
         bias_terms: terms whose speed ratio is checked in ``"peers"`` mode.
-        speed_ratio_band: > 1; alert outside ``[1 / band, band]`` (default 1.3).
+        speed_ratio_band: > 1; alert outside ``[1 / band, band]`` (default :data:`SPEED_RATIO_BAND`).
 
     Raises:
         ValueError: a config value out of range.
@@ -161,7 +166,7 @@ class DriftMonitor:
         mae_floor_s: float = 1e-3,
         reference: Literal["model", "peers"] = "model",
         bias_terms: tuple[str, ...] = ("prefill",),
-        speed_ratio_band: float = 1.3,
+        speed_ratio_band: float = SPEED_RATIO_BAND,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be ≥ 1 observation; got {window!r}")

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvcost.calibration.drift import SPEED_RATIO_BAND
 from kvcost.core.types import blocks_to_allocate
+from kvcost.features.spec import FEATURE_INDEX
 from kvcost.routing.policies.base import DEFAULT_SEED, ROUTER_POLICIES, PolicyContext, RouterPolicy, argmin_stable
 from kvcost.routing.policies.dynamo import DynamoKvPolicy
 
@@ -286,6 +288,33 @@ def kv_wait_near_ties(ctx: PolicyContext, score_s: np.ndarray, index: int) -> np
     return np.flatnonzero(ctx.allowed & (score_s - score_s[index] <= band))
 
 
+def prefill_s_per_token(ctx: PolicyContext) -> np.ndarray:
+    """Each candidate's prefill seconds per token, float64 ``(n,)``, > 0.
+
+    The GPU type's profile at a full chunk (``prefill_alone_s(token_budget) ÷ token_budget`` of
+    ``ctx.step_models[gpu]``), times the worker's last step measured ÷ its profile's time (the
+    ``recent_step_ratio`` feature) where that ratio lies outside the drift monitor's straggler band
+    ``[1 / SPEED_RATIO_BAND, SPEED_RATIO_BAND]`` (:mod:`kvcost.calibration.drift`), 1 inside it or without
+    feature rows. Why the band: one step's ratio carries its jitter (the replay's σ is 5 %, log-normal),
+    which would break the ties of alike workers at random; a straggler (``--slowdown 0.6``: 1.67) is far
+    outside it, and a GPU type whose profile is off moves all its workers alike.
+
+    Raises:
+        ValueError: a candidate's GPU type has no step model in ``ctx.step_models``.
+    """
+    per_token = np.empty(len(ctx.snapshots))
+    for i, snapshot in enumerate(ctx.snapshots):
+        model = ctx.step_models.get(snapshot.gpu)
+        if model is None:
+            raise ValueError(f"gpu = {snapshot.gpu!r} of worker {snapshot.worker_id} has no step model in step_models")
+        per_token[i] = model.prefill_alone_s(model.token_budget) / model.token_budget
+    if ctx.features is None:
+        return per_token
+    ratio = ctx.features[: len(per_token), FEATURE_INDEX["recent_step_ratio"]]
+    straggling = (ratio > SPEED_RATIO_BAND) | (ratio < 1.0 / SPEED_RATIO_BAND)
+    return per_token * np.where(straggling, ratio, 1.0)
+
+
 @ROUTER_POLICIES.register("cost_aware")
 class CostAwarePolicy(RouterPolicy):
     """Lowest predicted TTFT on the critical path plus what the choice leaves behind, among workers
@@ -315,8 +344,6 @@ class CostAwarePolicy(RouterPolicy):
 
     name = "cost_aware"
     counts_in_flight = True
-    #: Rank the near ties of the KV wait's spread by Dynamo's block cost (:meth:`choose`).
-    near_ties = True
 
     def __init__(
         self,
@@ -365,34 +392,47 @@ class CostAwarePolicy(RouterPolicy):
         :meth:`price_s`."""
         return ctx.predictions.ttft_s + self.price_s(ctx)
 
+    def block_cost_s(self, ctx: PolicyContext) -> np.ndarray:
+        """Dynamo's block cost of each candidate in that worker's prefill seconds, float64 ``(n,)``:
+        ``cost_blocks`` (:meth:`~kvcost.routing.policies.dynamo.DynamoKvPolicy.costs`) × block size ×
+        :func:`prefill_s_per_token`. Dynamo counts blocks, which ranks alike workers; on a fleet of mixed
+        GPU types, or with a straggler the model has seen, a block takes each worker its own time. On a
+        fleet of one GPU type under the analytic model every worker's factor is the same, so the order
+        is Dynamo's.
+
+        Raises:
+            ValueError: as :func:`prefill_s_per_token` and ``DynamoKvPolicy.costs``.
+        """
+        block_size = ctx.request.namespace.block_size_tokens
+        return self.by_blocks.costs(ctx).cost_blocks * block_size * prefill_s_per_token(ctx)
+
     def choose(self, ctx: PolicyContext) -> tuple[int, str]:
         """Candidate with the smallest score (:meth:`score_s`); ties to the less loaded, then lower index.
 
         Where the KV wait makes the scores uncertain, the best-scored candidate's near ties
-        (:func:`kv_wait_near_ties`) that hold the most reusable tokens among them are ranked instead by
-        Dynamo's block cost (:meth:`~kvcost.routing.policies.dynamo.DynamoKvPolicy.costs`: the prefill
-        blocks queued and its own uncached ones, plus the KV blocks the worker's requests hold), and the
-        lowest is chosen. Why: the lowest of several noisy estimates is biased low (the optimizer's
-        curse), so ranking by the estimate alone sends every request to the worker whose wait it
-        under-predicts most, until the gap closes; where the estimates cannot tell the candidates
-        apart, the blocks each one's memory and queue hold are the measured load that its memory will
-        take to free. Restricting to the most reuse keeps a prefix holder ahead of a worker that would
-        recompute the prefix: the prefill a reuse saves is known, not estimated. Why it should hold on
-        other workloads: nothing is fitted; the band is one standard deviation of the model's own
-        spread, zero wherever no candidate's memory is short (then nothing changes), and Dynamo's cost
-        is its published rule at its defaults. Measured: ``docs/routing-sensitivity.md``, "Near ties
-        under the KV wait's spread".
+        (:func:`kv_wait_near_ties`) that hold the most reusable tokens among them are ranked instead by Dynamo's
+        block cost (:meth:`~kvcost.routing.policies.dynamo.DynamoKvPolicy.costs`: the prefill blocks queued and its
+        own uncached ones, plus the KV blocks the worker's requests hold) in each worker's prefill seconds
+        (:meth:`block_cost_s`), and the lowest is chosen. Why: the lowest of several noisy estimates is biased low
+        (the optimizer's curse), so ranking by the estimate alone sends every request to the worker whose wait it
+        under-predicts most, until the gap closes; where the estimates cannot tell the candidates apart, the blocks
+        each one's memory and queue hold are the measured load that its memory will take to free. Restricting to the
+        most reuse keeps a prefix holder ahead of a worker that would recompute the prefix: the prefill a reuse
+        saves is known, not estimated. Why it should hold on other workloads: nothing is fitted; the band is one
+        standard deviation of the model's own spread, zero wherever no candidate's memory is short (then nothing
+        changes), and Dynamo's cost is its published rule at its defaults, in seconds only where the workers differ.
+        Measured: ``docs/routing-sensitivity.md``, "Near ties under the KV wait's spread" and "Near ties in each
+        worker's seconds".
         """
         score_s = self.score_s(ctx)
         masked = np.where(ctx.allowed, score_s, np.inf)
         best = masked.min()
         ties = np.flatnonzero(masked == best)
         index = int(ties[np.argmin(ctx.load_tokens[ties])])
-        near = kv_wait_near_ties(ctx, score_s, index) if self.near_ties else np.array([index])
+        near = kv_wait_near_ties(ctx, score_s, index)
         if len(near) > 1:
             most = near[ctx.reusable_tokens[near] == ctx.reusable_tokens[near].max()]
-            blocks = self.by_blocks.costs(ctx).cost_blocks
-            index = int(most[np.argmin(blocks[most])])
+            index = int(most[np.argmin(self.block_cost_s(ctx)[most])])
         ttft_s = ctx.predictions.ttft_s
         price_ms = (score_s[index] - ttft_s[index]) * 1e3
         reason = f"min predicted TTFT {ttft_s[index] * 1e3:.1f} ms"
@@ -419,13 +459,14 @@ class LearnedCostAwarePolicy(CostAwarePolicy):
     ``gen:agent`` on 4 workers at 80 %, P99 18.1 s ranked by the calibrated P50, 0.56 s by the
     composed terms, 0.60 s for ``cost_aware``). The calibrated P50 / P90 are what it reports.
     Without a learned model (no champion, or it could not be loaded) the router has fallen
-    back to the analytic model and this policy routes like ``cost_aware`` without its near ties.
+    back to the analytic model and this policy routes like ``cost_aware``.
 
-    It does not rank near ties (:func:`kv_wait_near_ties`): their band is the analytic KV-wait
-    estimate's spread, and a learned queue term errs otherwise; with them it routed worse on the
-    README's heterogeneous fleet (``docs/routing-sensitivity.md``, "Near ties under the KV wait's spread").
+    It ranks the near ties (:func:`kv_wait_near_ties`) as ``cost_aware`` does, with the analytic
+    estimate's spread as their band: the spread is what no model that cannot see output lengths can
+    know (which of the requests holding the memory finish first), so it bounds the learned queue term's
+    power to tell workers apart as well as the analytic one's. Measured:
+    ``docs/routing-sensitivity.md``, "Near ties in each worker's seconds".
     """
 
     name = "learned_cost_aware"
     learned = True
-    near_ties = False

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from kvcost.core.composition import TermPredictions
+from kvcost.core.hardware import StepTimeModel
 from kvcost.core.types import DirectoryMatch, Namespace, RouteRequest
+from kvcost.features.spec import FEATURE_INDEX
 from kvcost.routing.policies import ROUTER_POLICIES, PolicyContext, make_policy
 from kvcost.routing.policies.basic import (
     RecentRoutes,
@@ -15,6 +17,7 @@ from kvcost.routing.policies.basic import (
     kv_wait_near_ties,
     memory_hold_price_s,
     memory_pressure,
+    prefill_s_per_token,
 )
 
 REQUEST = RouteRequest(0, 0.0, 1000, (1,), Namespace("linear"))
@@ -286,15 +289,17 @@ def test_cost_aware_sends_a_move_where_no_arrivals_wait_for_its_recompute(make_s
     assert unpriced.choose(ctx)[0] == 1  # the tie goes to the lower index
 
 
-def _near_tie_context(make_snapshot, kv_wait_sd_s, reusable=(0, 0, 0)):
+def _near_tie_context(make_snapshot, step_model, kv_wait_sd_s, reusable=(0, 0, 0), gpus=("linear-gpu",) * 3):
     """Scores 10.0 / 10.5 / 13.0 s; worker 10 has 1,024 prompt tokens queued, 11 and 12 are idle; the request
-    is 1,000 tokens (2 blocks of 512)."""
+    is 1,000 tokens (2 blocks of 512). Workers on ``gpus``: ``"linear-gpu"`` is ``step_model``,
+    ``"slow-gpu"`` three times slower (:func:`_slow_step_model`)."""
     ctx = context(
         make_snapshot,
         [10.0, 10.5, 13.0],
         [0.0, 0.0, 0.0],
         reusable=list(reusable),
-        snapshot_fields=[{"waiting_prefill": ((1024, 0),)}, {}, {}],
+        snapshot_fields=[{"waiting_prefill": ((1024, 0),), "gpu": gpus[0]}, {"gpu": gpus[1]}, {"gpu": gpus[2]}],
+        step_models={"linear-gpu": step_model, "slow-gpu": _slow_step_model(step_model)},
     )
     matches = tuple(
         DirectoryMatch(10 + i, blocks // 512, "gpu" if blocks else "none", 0.0) for i, blocks in enumerate(reusable)
@@ -303,38 +308,90 @@ def _near_tie_context(make_snapshot, kv_wait_sd_s, reusable=(0, 0, 0)):
     return replace(ctx, matches=matches, kv_wait_sd_s=spread)
 
 
-def test_near_ties_under_the_kv_wait_spread_take_the_least_dynamo_block_cost(make_snapshot):
+def test_near_ties_under_the_kv_wait_spread_take_the_least_dynamo_block_cost(make_snapshot, linear_step_model):
     """Spreads 1 / 0 / 1 s: worker 11 is 0.5 s behind, within √(0² + 1²) = 1 s; worker 12 is 3 s behind,
     beyond √2 s. Dynamo's block cost: worker 10 (1,024 + 1,000) ÷ 512 + 2 + 2 = 7.95 blocks (its queued
     prompt's 2 blocks and the request's 2), worker 11 1,000 ÷ 512 + 2 = 3.95, so the near tie goes to 11."""
     policy = make_policy("cost_aware")
-    ctx = _near_tie_context(make_snapshot, [1.0, 0.0, 1.0])
+    ctx = _near_tie_context(make_snapshot, linear_step_model, [1.0, 0.0, 1.0])
     assert kv_wait_near_ties(ctx, policy.score_s(ctx), 0).tolist() == [0, 1]
     index, reason = policy.choose(ctx)
     assert index == 1
     assert "2 within the KV wait's spread" in reason
     # no spread given, or none anywhere: the lowest score, as before
     for spread in (None, [0.0, 0.0, 0.0]):
-        assert make_policy("cost_aware").choose(_near_tie_context(make_snapshot, spread))[0] == 0
+        assert make_policy("cost_aware").choose(_near_tie_context(make_snapshot, linear_step_model, spread))[0] == 0
     # 0.4 s each: 0.5 s is within √(0.4² + 0.4²) = 0.57 s; 0.3 s each: beyond 0.42 s
-    assert make_policy("cost_aware").choose(_near_tie_context(make_snapshot, [0.4, 0.4, 0.4]))[0] == 1
-    assert make_policy("cost_aware").choose(_near_tie_context(make_snapshot, [0.3, 0.3, 0.3]))[0] == 0
+    assert (
+        make_policy("cost_aware").choose(_near_tie_context(make_snapshot, linear_step_model, [0.4, 0.4, 0.4]))[0] == 1
+    )
+    assert (
+        make_policy("cost_aware").choose(_near_tie_context(make_snapshot, linear_step_model, [0.3, 0.3, 0.3]))[0] == 0
+    )
 
 
-def test_near_ties_keep_the_candidates_with_the_most_reuse(make_snapshot):
+def test_near_ties_keep_the_candidates_with_the_most_reuse(make_snapshot, linear_step_model):
     # worker 10 holds one block of the prefix: Dynamo's cost there is 6.95 blocks against worker 11's 3.95,
     # but only the holder keeps the most reuse among the near ties
-    ctx = _near_tie_context(make_snapshot, [1.0, 0.0, 1.0], reusable=(512, 0, 0))
+    ctx = _near_tie_context(make_snapshot, linear_step_model, [1.0, 0.0, 1.0], reusable=(512, 0, 0))
     assert make_policy("cost_aware").choose(ctx)[0] == 0
 
 
-def test_near_ties_refuse_a_spread_of_another_length(make_snapshot):
-    ctx = replace(_near_tie_context(make_snapshot, [1.0, 0.0, 1.0]), kv_wait_sd_s=np.array([1.0, 0.0]))
+def test_near_ties_refuse_a_spread_of_another_length(make_snapshot, linear_step_model):
+    ctx = replace(
+        _near_tie_context(make_snapshot, linear_step_model, [1.0, 0.0, 1.0]), kv_wait_sd_s=np.array([1.0, 0.0])
+    )
     with pytest.raises(ValueError, match="kv_wait_sd_s 2 values, expected one per candidate"):
         kv_wait_near_ties(ctx, np.zeros(3), 0)
 
 
-def test_learned_cost_aware_ranks_no_near_ties(make_snapshot):
-    ctx = _near_tie_context(make_snapshot, [1.0, 0.0, 1.0])
-    assert make_policy("cost_aware").choose(ctx)[0] == 1
-    assert make_policy("learned_cost_aware").choose(ctx)[0] == 0  # the lowest score, the band's spread unused
+def _slow_step_model(model: StepTimeModel) -> StepTimeModel:
+    """``model`` at a third of its speed: thrice the non-attention time and overhead, a third of the FLOP/s and
+    bandwidth."""
+    gpu = replace(
+        model.gpu,
+        name="slow-gpu",
+        peak_dense_bf16_flops=model.gpu.peak_dense_bf16_flops / 3,
+        hbm_bytes_per_s=model.gpu.hbm_bytes_per_s / 3,
+    )
+    profile = replace(model.profile, per_layer_s=[3 * t for t in model.profile.per_layer_s])
+    return StepTimeModel(
+        model.model,
+        gpu,
+        profile,
+        token_budget=model.token_budget,
+        attention_flops_efficiency=model.attention_flops_efficiency,
+        decode_bandwidth_efficiency=model.decode_bandwidth_efficiency,
+        step_overhead_s=3 * model.step_overhead_s,
+    )
+
+
+def test_prefill_seconds_per_token_by_gpu_and_by_a_straggling_step(make_snapshot, linear_step_model):
+    """The linear GPU's full chunk: 8,192 × 1 µs + 8,192 × 8,193 ÷ 2 pairs × 1e-12 s + 1 ms = 9.2255… ms, so
+    1.12616… µs a token; the slow GPU thrice that."""
+    ctx = _near_tie_context(make_snapshot, linear_step_model, None, gpus=("linear-gpu", "slow-gpu", "linear-gpu"))
+    full_chunk_s = 8192e-6 + 8192 * 8193 / 2 * 1e-12 + 1e-3
+    assert prefill_s_per_token(ctx) == pytest.approx(np.array([1, 3, 1]) * full_chunk_s / 8192, rel=1e-12)
+    # last step ÷ profile: 1.29 and 1 / 1.29 are jitter (inside the band of 1.3), 1.67 a straggler
+    for ratios, factors in (([1.29, 1 / 1.29, 1.67], [1, 1, 1.67]), ([0.5, 1.0, 1.31], [0.5, 1, 1.31])):
+        features = np.zeros((3, len(FEATURE_INDEX)))
+        features[:, FEATURE_INDEX["recent_step_ratio"]] = ratios
+        expected = np.array(factors) * [1, 3, 1] * full_chunk_s / 8192
+        assert prefill_s_per_token(replace(ctx, features=features)) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="gpu = 'other-gpu' of worker 10 has no step model"):
+        prefill_s_per_token(replace(ctx, snapshots=(make_snapshot(10, gpu="other-gpu"), *ctx.snapshots[1:])))
+
+
+def test_near_ties_take_the_block_cost_in_each_workers_seconds(make_snapshot, linear_step_model):
+    """Worker 11's 3.95 blocks on a GPU three times slower are 11.85 of the linear GPU's, above worker 10's 7.95:
+    the near tie goes to 10 (Dynamo's count alone would take 11)."""
+    ctx = _near_tie_context(make_snapshot, linear_step_model, [1.0, 0.0, 1.0], gpus=("linear-gpu", "slow-gpu") * 2)
+    policy = make_policy("cost_aware")
+    per_block_s = prefill_s_per_token(ctx) * 512
+    assert policy.block_cost_s(ctx) == pytest.approx(np.array([7.953125, 3.953125, 3.953125]) * per_block_s)
+    assert policy.choose(ctx)[0] == 0
+
+
+def test_learned_cost_aware_ranks_near_ties_too(make_snapshot, linear_step_model):
+    ctx = _near_tie_context(make_snapshot, linear_step_model, [1.0, 0.0, 1.0])
+    assert make_policy("learned_cost_aware").choose(ctx)[0] == 1
