@@ -396,9 +396,9 @@ class CostAwarePolicy(RouterPolicy):
         """Dynamo's block cost of each candidate in that worker's prefill seconds, float64 ``(n,)``:
         ``cost_blocks`` (:meth:`~kvcost.routing.policies.dynamo.DynamoKvPolicy.costs`) × block size ×
         :func:`prefill_s_per_token`. Dynamo counts blocks, which ranks alike workers; on a fleet of mixed
-        GPU types, or with a straggler the model has seen, a block takes each worker its own time. On a
-        fleet of one GPU type under the analytic model every worker's factor is the same, so the order
-        is Dynamo's.
+        GPU types, or with a straggler whose measured steps leave the drift band, a block takes each worker
+        its own time. On a fleet of one GPU type without a straggler every worker's factor is the same, so
+        the order is Dynamo's.
 
         Raises:
             ValueError: as :func:`prefill_s_per_token` and ``DynamoKvPolicy.costs``.
@@ -440,7 +440,7 @@ class CostAwarePolicy(RouterPolicy):
             reason = f"min predicted TTFT + price {ttft_s[index] * 1e3:.1f} + {price_ms:.1f} ms"
         reason += f", reuse {ctx.reusable_tokens[index]} tokens"
         if len(near) > 1:
-            reason += f"; {len(near)} within the KV wait's spread, most reuse then least Dynamo block cost"
+            reason += f"; {len(near)} within the KV wait's spread, most reuse then least Dynamo block cost in seconds"
         most_reuse = int(np.argmax(ctx.reusable_tokens))
         if most_reuse != index and ctx.reusable_tokens[most_reuse] > ctx.reusable_tokens[index]:
             why = "skew limit" if not ctx.allowed[most_reuse] else f"{ttft_s[most_reuse] * 1e3:.1f} ms"
