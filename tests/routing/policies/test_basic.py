@@ -385,7 +385,9 @@ def test_prefill_seconds_per_token_by_gpu_and_by_a_straggling_step(make_snapshot
 def test_near_ties_take_the_block_cost_in_each_workers_seconds(make_snapshot, linear_step_model):
     """Worker 11's 3.95 blocks on a GPU three times slower are 11.85 of the linear GPU's, above worker 10's 7.95:
     the near tie goes to 10 (Dynamo's count alone would take 11)."""
-    ctx = _near_tie_context(make_snapshot, linear_step_model, [1.0, 0.0, 1.0], gpus=("linear-gpu", "slow-gpu") * 2)
+    ctx = _near_tie_context(
+        make_snapshot, linear_step_model, [1.0, 0.0, 1.0], gpus=("linear-gpu", "slow-gpu", "linear-gpu")
+    )
     policy = make_policy("cost_aware")
     per_block_s = prefill_s_per_token(ctx) * 512
     assert policy.block_cost_s(ctx) == pytest.approx(np.array([7.953125, 3.953125, 3.953125]) * per_block_s)
