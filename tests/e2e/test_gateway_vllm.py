@@ -344,8 +344,7 @@ def test_openai_surface_models_non_streamed_errors_and_a_client_that_disconnects
             break
     assert rows, outcomes
     gone = rows[0]
-    running = sum(metric(httpx.get(f"{e.base_url}/metrics", timeout=5).text, "vllm:num_requests_running")
-                  for e in engines)  # fmt: skip
+    running = sum(_engine_load(e)[0] for e in engines)
     whole = exact.requests("client_request_id = 'whole-1'")[0]
     print(f"[e2e] non-streamed: {whole['outcome']}, e2e {whole['e2e_s']:.3f} s; "
           f"disconnected: {outcomes}; engines still running {running}")  # fmt: skip
