@@ -220,14 +220,21 @@ class ClusterSimulator:
         return result
 
     def replay_window(self, model_set: TermModelSet, now_s: float) -> dict[str, float]:
-        """The online learner's replay gate: the latest window routed by ``model_set``, from an empty cluster.
+        """The online learner's replay gate: the latest window routed by ``model_set``, after a warm-up.
 
         The window is the requests of the trace being replayed that arrived in the latest
         ``online.replay_window_s`` before ``now_s`` (replay seconds) and have completed by then,
         what a live fleet's log holds at that moment: no arrival after ``now_s`` and no output
         length not yet known is used. They are replayed at their own arrival times on a fresh
-        cluster of this configuration (same fleet, slowdowns, seed; no warm-up, no online
-        learning), with this replay's router policy ranking by ``model_set``.
+        cluster of this configuration (same fleet, slowdowns, seed; no online learning), with this
+        replay's router policy ranking by ``model_set``, after the completed requests of the
+        ``online.replay_warmup_s`` before the window, routed by the same set and not measured.
+
+        Why the warm-up: a window replayed from an empty cluster lacks the queues and cache the
+        run carries into it, and did not predict the run it was cut from (stop 35, at 4 workers
+        and 95 % load, where the queues run to a minute); with the state that the set itself
+        would have built, the window measures its routing under that load. It only matters where
+        the run is longer than the window (a generated workload of 5,000 requests is shorter).
 
         Returns:
             :func:`~kvcost.replay.online.route_figures` of the window's TTFTs (NaN when it is empty).
@@ -237,8 +244,10 @@ class ClusterSimulator:
         """
         if self._trace is None or self.online is None:
             raise RuntimeError("replay_window needs an online replay in progress (ClusterSimulator.run with online)")
-        window = latest_window(self._trace, now_s, self.online.settings.replay_window_s, self._completed_ids)
-        config = replace(self.config, warmup_s=0.0)
+        settings = self.online.settings
+        span_s = settings.replay_window_s + settings.replay_warmup_s
+        window = latest_window(self._trace, now_s, span_s, self._completed_ids)
+        config = replace(self.config, warmup_s=max(0.0, now_s - settings.replay_window_s))
         result = ClusterSimulator(config, self.block_size_tokens, model_set, eviction=self.eviction).run(window)
         return route_figures(result.requests["actual_ttft_s"].to_numpy())
 

@@ -75,7 +75,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
     assert not (tmp_path / "d.duckdb").exists()
 
 
-@pytest.mark.parametrize(("flag", "gated"), [([], False), (["--replay-gate"], True)])
+@pytest.mark.parametrize(("flag", "gated"), [([], True), (["--no-replay-gate"], False), (["--replay-gate"], True)])
 def test_the_replay_gate_flag_reaches_the_online_learner(tmp_path, monkeypatch, flag, gated):
     seen = []
     module = sys.modules["kvcost.cli.experiment"]  # the package's ``experiment`` attribute is the command

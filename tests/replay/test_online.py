@@ -91,6 +91,8 @@ def test_settings_validation():
         OnlineSettings(rows_growth=1)
     with pytest.raises(ValueError, match="replay_window_s = 0, expected seconds > 0"):
         OnlineSettings(replay_window_s=0)
+    with pytest.raises(ValueError, match="replay_warmup_s = -1, expected seconds ≥ 0"):
+        OnlineSettings(replay_warmup_s=-1)
 
 
 def test_a_policy_with_its_own_model_is_refitted_instead_of_the_term_models():
@@ -230,9 +232,10 @@ def test_the_replay_gate_passes_a_challenger_no_worse_and_puts_the_analytic_set_
     assert len(calls) == 4 and "replay" not in learner.retrains[-1]  # nothing else in play: no replay
 
 
-def test_the_replay_gate_is_off_by_default():
+def test_the_replay_gate_is_on_by_default_and_can_be_turned_off():
+    assert OnlineSettings().gate_on_replay and OnlineSettings().replay_warmup_s == 600.0
     calls = []
-    off = OnlineLearner(OnlineSettings(min_rows=50), window_replay=lambda m, t: calls.append(m))
+    off = OnlineLearner(OnlineSettings(min_rows=50, gate_on_replay=False), window_replay=lambda m, t: calls.append(m))
     assert off.maybe_retrain(_observations(400), now_s=150).learned and calls == []
 
 
@@ -263,17 +266,21 @@ def test_the_latest_window_holds_only_requests_completed_by_then():
     assert window.requests[0] is trace.requests[3] and window.name == trace.name
 
 
-def test_the_simulator_replays_the_latest_window_from_an_empty_cluster():
+def test_the_simulator_replays_the_latest_window_after_its_warm_up():
     trace = make_trace([(0.25 * i, 600, 4, blocks(range(1, 11), 100 * (i + 1), 600)) for i in range(80)])
     config = ClusterConfig(fleet=("a100", "a100"), warmup_s=2.0, router=RouterSettings(policy="learned_cost_aware"))
-    sim = ClusterSimulator(
-        config, trace.block_size_tokens, online=OnlineSettings(min_rows=20, gate_on_replay=True, replay_window_s=5.0)
-    )
+    online = OnlineSettings(min_rows=20, gate_on_replay=True, replay_window_s=5.0, replay_warmup_s=3.0)
+    sim = ClusterSimulator(config, trace.block_size_tokens, online=online)
     with pytest.raises(RuntimeError, match="replay_window needs an online replay in progress"):
         sim.replay_window(TermModelSet.analytic(), 10.0)
-    sim.run(trace)  # every request completes: the window is all arrivals in [5, 10) s
+    sim.run(trace)  # every request completes: the window is all arrivals in [5, 10) s, its warm-up [2, 5) s
     assert sim.online.window_replay == sim.replay_window
     figures = sim.replay_window(TermModelSet.analytic(), 10.0)
-    window = replace(trace, requests=trace.requests[20:40])
-    alone = ClusterSimulator(replace(config, warmup_s=0.0), trace.block_size_tokens).run(window)
+    warm = replace(trace, requests=trace.requests[8:40])
+    alone = ClusterSimulator(replace(config, warmup_s=5.0), trace.block_size_tokens).run(warm)
     assert len(alone.requests) == 20 and figures == route_figures(alone.requests["actual_ttft_s"].to_numpy())
+    sim.online.settings = replace(online, replay_warmup_s=0.0)  # no warm-up: the window from an empty cluster
+    cold = ClusterSimulator(replace(config, warmup_s=0.0), trace.block_size_tokens).run(
+        replace(trace, requests=trace.requests[20:40])
+    )
+    assert sim.replay_window(TermModelSet.analytic(), 10.0) == route_figures(cold.requests["actual_ttft_s"].to_numpy())
