@@ -110,12 +110,10 @@ class OnlineSettings:
         gate_on_replay: then decide between the sets in play by replaying the latest
             ``replay_window_s`` of completed requests, after ``replay_warmup_s``, with each
             (:meth:`OnlineLearner._replay_gate`; where the learner has a
-            :attr:`OnlineLearner.window_replay`; a live log has none). On by default since stop 55,
-            with the warm-up: over issue 13's grid (seeds 0, 1 and 2) and 36 held-out cells it kept
-            ``learned_cost_aware`` within 3 % of ``cost_aware`` where the MAE gate alone let a set
-            with a lower MAE route a deep overload 1.19× worse; without the warm-up (stop 35) it lost
-            the README's heterogeneous fleet (``docs/routing-sensitivity.md``, "The replay gate
-            again, after a warm-up").
+            :attr:`OnlineLearner.window_replay`; a live log has none). On by default: with
+            the warm-up it brought ``learned_cost_aware`` closer to ``cost_aware`` where the MAE gate
+            alone let worse-routing sets through, and kept both README fleet gains; without it, it
+            lost one (``docs/routing-sensitivity.md``, "The replay gate again, after a warm-up").
         replay_window_s: that window, seconds of trace time (> 0).
         replay_warmup_s: seconds of trace time before the window replayed as its warm-up, routed
             by the same set and not measured (≥ 0; :data:`DEFAULT_WARMUP_S`).
