@@ -234,7 +234,7 @@ class ClusterSimulator:
         run carries into it, and did not predict the run it was cut from (stop 35, at 4 workers
         and 95 % load, where the queues run to a minute); with the state that the set itself
         would have built, the window measures its routing under that load. It only matters where
-        the run is longer than the window (a generated workload of 5,000 requests is shorter).
+        the run is longer than the window.
 
         Returns:
             :func:`~kvcost.replay.online.route_figures` of the window's TTFTs (NaN when it is empty).
