@@ -400,11 +400,13 @@ def _score(url: str, prompt: list[int]) -> dict:
 BURST_WAIT_S = 60.0
 
 #: The restart test's burst: requests, and output tokens of the first :data:`BURST_LONG` and of the rest.
-#: The first ones are long so that the streams the kill cuts still have time to run when it comes. After the
-#: kill engine 1 serves about all of the burst, :data:`MAX_NUM_SEQS` at a time, so its last first token comes
-#: after about (4 × 800 + 26 × 200) ÷ 2 decode steps ≈ 42 s at 10 ms a step, a third of the client's read
-#: timeout. A CI run with 40 requests of 800 tokens (≈ 160 s) timed out the 4 queued last.
-BURST_REQUESTS, BURST_LONG, BURST_LONG_TOKENS, BURST_MAX_TOKENS = 30, 4, 800, 200
+#: Long enough that engine 0's share of the burst (about half, within a second) keeps requests waiting there for
+#: seconds, each holding one of its :data:`MAX_NUM_SEQS` running slots for about 600 decode steps: a clean-clone
+#: CI run with 200 tokens each sent 20 to engine 0 and its ``/metrics`` never showed one waiting at a poll. Short
+#: enough for the client's read timeout: after the kill engine 1 serves about all of the burst, so its last first
+#: token comes after about (4 × 800 + 26 × 600) ÷ 2 = 9,400 decode steps, 13 s at the 1.4 ms a step measured
+#: here (a burst's last first token at 5.7 s after 4,200 steps), 94 s even at 10 ms.
+BURST_REQUESTS, BURST_LONG, BURST_LONG_TOKENS, BURST_MAX_TOKENS = 30, 4, 800, 600
 
 #: Requests a second of the burst: all 30 within a second, more than two engines of :data:`MAX_NUM_SEQS`
 #: running requests each take at once, so that both engines have requests running and waiting. Sent at 10 a
